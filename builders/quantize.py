@@ -1,0 +1,199 @@
+"""Quantize a Hugging Face model with ModelOpt and export a TensorRT-LLM checkpoint.
+
+The output folder is the TensorRT-LLM checkpoint format (``config.json`` + one
+``rank{r}.safetensors`` per rank, rank r = pp_rank * tp_size + tp_rank) written by
+``modelopt.torch.export.export_tensorrt_llm_checkpoint``. Quantization recipes are data:
+:data:`QUANT_RECIPES` maps our names to ModelOpt configs and TensorRT-LLM ``quant_algo``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from pipeline.errors import StageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """One quantization recipe.
+
+    Attributes:
+        modelopt_cfg: name of the ModelOpt config in ``modelopt.torch.quantization`` (None: no quantization).
+        quant_algo: TensorRT-LLM ``quantization.quant_algo`` written in the checkpoint (None: unquantized).
+        weight_bits: bits per weight of quantized linear layers (for planning).
+        uses_group_size: whether ``group_size`` applies (INT4 block-wise recipes).
+        needs_calibration_data: whether ModelOpt runs a forward loop.
+    """
+
+    modelopt_cfg: Optional[str]
+    quant_algo: Optional[str]
+    weight_bits: int
+    uses_group_size: bool
+    needs_calibration_data: bool = True
+
+
+QUANT_RECIPES: dict[str, QuantRecipe] = {
+    "none": QuantRecipe(None, None, 16, False, needs_calibration_data=False),
+    "fp8": QuantRecipe("FP8_DEFAULT_CFG", "FP8", 8, False),
+    "int4_awq": QuantRecipe("INT4_AWQ_CFG", "W4A16_AWQ", 4, True),
+    "int4_rtn": QuantRecipe("INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", 4, True),
+    "w4a8_awq": QuantRecipe("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", 4, True),
+    "int8_sq": QuantRecipe("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", 8, False),
+}
+KV_CACHE_RECIPES: dict[str, str] = {"fp8": "FP8_KV_CFG"}
+
+
+def modelopt_config(quant_algo: str, group_size: int, kv_cache_quant_algo: str | None = None) -> dict | None:
+    """Build the ModelOpt quantization config dict for a recipe (a deep copy; ModelOpt's are shared).
+
+    Sets the block size of INT4 weight quantizers to ``group_size`` and merges the KV-cache
+    config entries when ``kv_cache_quant_algo`` is set.
+    """
+    import modelopt.torch.quantization as mtq
+
+    recipe = QUANT_RECIPES[quant_algo]
+    if recipe.modelopt_cfg is None:
+        return None
+    cfg = copy.deepcopy(getattr(mtq, recipe.modelopt_cfg))
+    if recipe.uses_group_size:
+        for entry in _quant_entries(cfg):
+            name, qcfg = entry
+            if "weight_quantizer" in name:
+                for sub in qcfg if isinstance(qcfg, list) else [qcfg]:
+                    if isinstance(sub, dict) and sub.get("num_bits") == 4 and "block_sizes" in sub:
+                        sub["block_sizes"][-1] = group_size
+    if kv_cache_quant_algo:
+        kv = copy.deepcopy(getattr(mtq, KV_CACHE_RECIPES[kv_cache_quant_algo]))
+        cfg["quant_cfg"] = _as_list(cfg["quant_cfg"]) + _as_list(kv["quant_cfg"])
+    return cfg
+
+
+def _as_list(quant_cfg: Any) -> list:
+    if isinstance(quant_cfg, list):
+        return list(quant_cfg)
+    return [{"quantizer_name": k, **({"cfg": v} if not (isinstance(v, dict) and set(v) <= {"enable"}) else v)}
+            for k, v in quant_cfg.items()]
+
+
+def _quant_entries(cfg: dict):
+    """Yield (quantizer pattern, quantizer cfg) pairs for both ModelOpt config layouts (list or dict)."""
+    qc = cfg["quant_cfg"]
+    if isinstance(qc, dict):
+        for k, v in qc.items():
+            yield k, v
+    else:
+        for entry in qc:
+            if "cfg" in entry:
+                yield entry.get("quantizer_name", ""), entry["cfg"]
+
+
+def rope_fields(hf_config) -> dict:
+    """TensorRT-LLM ``rotary_base``/``rotary_scaling`` from an HF config (transformers 4.x or 5.x layout)."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    theta = params.get("rope_theta", getattr(hf_config, "rope_theta", None))
+    out: dict[str, Any] = {}
+    if theta is not None:
+        out["rotary_base"] = float(theta)
+    scaling = getattr(hf_config, "rope_scaling", None) or params
+    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
+        out["rotary_scaling"] = {k: v for k, v in scaling.items() if k != "rope_theta"}
+    return out
+
+
+def quantize_to_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, group_size: int,
+                           kv_cache_quant_algo: str | None, dtype: str, tp_size: int, pp_size: int,
+                           decoder_type: str, calib_samples: list[list[int]],
+                           progress: Callable[[str, int], Any] | None = None) -> dict:
+    """Quantize ``hf_dir`` with ModelOpt and export a TensorRT-LLM checkpoint into ``out_dir``.
+
+    Args:
+        hf_dir: Hugging Face checkpoint folder.
+        out_dir: empty folder that receives ``config.json`` + ``rank{r}.safetensors``.
+        quant_algo: key of :data:`QUANT_RECIPES`.
+        group_size: INT4 block size along the input dimension.
+        kv_cache_quant_algo: ``"fp8"`` or None.
+        dtype: ``float16``/``bfloat16``: dtype of unquantized tensors in the checkpoint.
+        tp_size, pp_size: inference parallelism the shards are written for.
+        decoder_type: ModelOpt decoder family (``llama``).
+        calib_samples: token-id sequences for the calibration forward loop.
+        progress: optional factory ``progress(description, total)`` returning a tqdm-like bar.
+
+    Returns:
+        dict with ``calibration_s``, ``export_s``, ``device``, ``modelopt_version``, ``patched``
+        (config.json keys the pipeline had to fill in after export).
+
+    Raises:
+        StageError: ModelOpt refused the model/recipe (message names the cause).
+    """
+    import modelopt
+    import modelopt.torch.quantization as mtq
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32 if device == "cpu" else torch.float16)
+    model.to(device).eval()
+    cfg = modelopt_config(quant_algo, group_size, kv_cache_quant_algo)
+    t0 = time.perf_counter()
+    if cfg is not None:
+        passes = {"n": 0}
+
+        def forward_loop(m):
+            passes["n"] += 1
+            bar = progress(f"calibration pass {passes['n']}", len(calib_samples)) if progress else None
+            with torch.no_grad():
+                for ids in calib_samples:
+                    m(torch.tensor([ids], device=device))
+                    if bar is not None:
+                        bar.update(1)
+            if bar is not None:
+                bar.close()
+
+        try:
+            mtq.quantize(model, cfg, forward_loop)
+        except Exception as exc:
+            raise StageError(f"ModelOpt quantization ({quant_algo}) failed: {exc}") from exc
+    calib_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    try:
+        with torch.inference_mode():
+            export_tensorrt_llm_checkpoint(model, decoder_type, torch_dtype, str(out_dir),
+                                           inference_tensor_parallel=tp_size,
+                                           inference_pipeline_parallel=pp_size)
+    except Exception as exc:
+        raise StageError(f"ModelOpt export to a TensorRT-LLM checkpoint (tp={tp_size}, pp={pp_size}, "
+                         f"{quant_algo}, group_size={group_size}) failed: {exc}") from exc
+    export_s = time.perf_counter() - t1
+    patched = patch_checkpoint_config(out_dir / "config.json", model.config)
+    return {"calibration_s": round(calib_s, 3), "export_s": round(export_s, 3), "device": device,
+            "modelopt_version": modelopt.__version__, "patched": patched,
+            "calibration_samples": len(calib_samples) if cfg is not None else 0}
+
+
+def patch_checkpoint_config(config_path: Path, hf_config) -> dict:
+    """Fill in keys ModelOpt 0.47's legacy exporter leaves out for transformers 5 configs.
+
+    transformers 5 keeps ``rope_theta`` inside ``rope_parameters``; the exporter looks for a
+    ``rotary_base`` attribute, finds none and writes nothing, so TensorRT-LLM would fall back
+    to 10000 (SmolLM2 uses 100000): wrong positions, garbage text. Returns the keys set.
+    """
+    cfg = json.loads(config_path.read_text())
+    patched = {}
+    for key, value in rope_fields(hf_config).items():
+        if cfg.get(key) != value:
+            patched[key] = {"exported": cfg.get(key), "written": value}
+            cfg[key] = value
+    if patched:
+        config_path.write_text(json.dumps(cfg, indent=4) + "\n")
+        log.info("checkpoint config.json: filled in %s from the HF config", sorted(patched))
+    return patched

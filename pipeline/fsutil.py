@@ -1,0 +1,115 @@
+"""Filesystem helpers: atomic output folders, the cache root, stage timing and peak memory."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_root() -> Path:
+    """Cache folder for converted models: ``$TRTPIPE_CACHE`` or ``<repo>/.cache``."""
+    return Path(os.environ.get("TRTPIPE_CACHE", REPO_ROOT / ".cache"))
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling folder; on success replace ``final`` with it, on error delete it.
+
+    A later stage or a server only ever sees ``final`` complete: the rename is atomic on
+    one filesystem. Temporary folders are named ``.<name>.tmp-<id>`` so globbing for stage
+    outputs never matches them.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+        final.rename(old)
+    tmp.rename(final)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_json(path: Path, data: object) -> None:
+    """Write JSON atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    tmp.replace(path)
+
+
+@dataclass
+class StageTiming:
+    """Wall time (s) and peak resident memory (bytes, this process and its children) of one stage."""
+
+    name: str
+    wall_s: float = 0.0
+    peak_rss_bytes: int = 0
+    start_unix: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict:
+        return {"wall_s": round(self.wall_s, 3), "peak_rss_mib": round(self.peak_rss_bytes / 2**20, 1),
+                "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.start_unix))}
+
+
+class _PeakSampler(threading.Thread):
+    def __init__(self, interval: float = 0.05):
+        super().__init__(daemon=True)
+        self.interval = interval
+        self.peak = 0
+        self._halt = threading.Event()
+        self._proc = psutil.Process()
+
+    def _rss(self) -> int:
+        total = self._proc.memory_info().rss
+        for child in self._proc.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+        return total
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            with contextlib.suppress(psutil.Error):
+                self.peak = max(self.peak, self._rss())
+            self._halt.wait(self.interval)
+
+    def stop(self) -> int:
+        self._halt.set()
+        self.join()
+        with contextlib.suppress(psutil.Error):
+            self.peak = max(self.peak, self._rss())
+        return self.peak
+
+
+@contextlib.contextmanager
+def measure(name: str) -> Iterator[StageTiming]:
+    """Measure wall time and peak RSS (sampled every 50 ms) of the enclosed block."""
+    timing = StageTiming(name)
+    sampler = _PeakSampler()
+    sampler.start()
+    t0 = time.perf_counter()
+    try:
+        yield timing
+    finally:
+        timing.wall_s = time.perf_counter() - t0
+        timing.peak_rss_bytes = sampler.stop()

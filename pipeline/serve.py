@@ -1,0 +1,280 @@
+"""Launch tritonserver on a model repository and wait until every model is READY.
+
+The server binary comes from the ``nvidia-pytriton`` wheel, installed by ``make setup`` into
+``.triton/`` (or ``$TRTPIPE_TRITONSERVER``). Before starting: the ports must be free, the
+Python-backend stub matching this interpreter is put in place, and the repository exists.
+The server listens on 127.0.0.1 unless told otherwise. Failures are reported with the
+failing model's log lines and, where a known pattern matches, the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import REPO_ROOT
+
+log = logging.getLogger("trtpipe")
+
+TRITON_HOME = Path(os.environ.get("TRTPIPE_TRITON_HOME", REPO_ROOT / ".triton" / "pytriton" / "tritonserver"))
+
+# Log patterns -> what to do about them.
+KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
+    ("address already in use", "another process holds the port: stop it (`trtpipe stop`) or pass --http-port/"
+                               "--grpc-port/--metrics-port"),
+    ("No module named", "the Python models cannot import a package: run `make setup`, or set "
+                        "TRTPIPE_PYTHONPATH to the site-packages folder holding torch/transformers/numpy<2"),
+    ("cannot reshape array of size 0", "numpy 2.x reached the Python-backend stub: put numpy<2 first on "
+                                       "TRTPIPE_PYTHONPATH"),
+    ("gpt_model_path", "the engine folder named in tensorrt_llm/config.pbtxt is missing or incomplete: rebuild"),
+    ("unable to create stub process", "the Python-backend stub could not start: check /dev/shm space (>= 64 MB "
+                                      "per Python model instance) and that libpython of this Python is present"),
+    ("failed to increase the shared memory pool size", "too little /dev/shm: mount a larger one "
+                                                        "(docker: --shm-size=2g)"),
+    ("out of memory", "the model or its KV pool does not fit: lower limits.max_batch_size/max_seq_len or "
+                      "serving.max_tokens_in_paged_kv_cache"),
+)
+
+
+class ServerError(PipelineError):
+    """The server did not start, or a model did not become READY."""
+
+
+@dataclass
+class ServerConfig:
+    """How to launch one tritonserver."""
+
+    model_repository: Path
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    address: str = "127.0.0.1"
+    log_file: Path | None = None
+    ready_timeout_s: float = 600.0
+    extra_args: list[str] = field(default_factory=list)
+    python_path: list[str] = field(default_factory=list)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.address}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.address}:{self.grpc_port}"
+
+
+def tritonserver_binary() -> Path:
+    """Path of the tritonserver executable; raises ServerError with the install command when absent."""
+    env = os.environ.get("TRTPIPE_TRITONSERVER")
+    path = Path(env) if env else TRITON_HOME / "bin" / "tritonserver"
+    if not path.is_file():
+        raise ServerError(f"tritonserver not found at {path}: run `make setup` (installs nvidia-pytriton==0.7.0 "
+                          "with --no-deps into .triton/) or set TRTPIPE_TRITONSERVER")
+    return path
+
+
+def ensure_python_stub(backends: Path) -> None:
+    """Put the Python-backend stub for this interpreter's version into ``backends/python``."""
+    stub = backends / "python" / "triton_python_backend_stub"
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    src = backends.parent / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    marker = backends / "python" / ".stub_version"
+    if stub.is_file() and marker.is_file() and marker.read_text() == ver:
+        return
+    if not src.is_file():
+        raise ServerError(f"no Python-backend stub for Python {ver} in {src.parent.parent}: use Python 3.8-3.13")
+    shutil.copy2(src, stub)
+    stub.chmod(0o755)
+    marker.write_text(ver)
+
+
+def port_free(port: int, address: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports that are free on 127.0.0.1 right now (for tests and parallel servers)."""
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def check_shm(min_bytes: int = 256 * 2**20) -> str | None:
+    """A warning when /dev/shm has less than ``min_bytes`` free, else None."""
+    with contextlib.suppress(OSError):
+        st = os.statvfs("/dev/shm")
+        free = st.f_bavail * st.f_frsize
+        if free < min_bytes:
+            return f"/dev/shm has {free / 2**20:.0f} MiB free; Python models need >= 64 MiB each"
+    return None
+
+
+def command(cfg: ServerConfig) -> list[str]:
+    """The tritonserver command line for ``cfg``."""
+    home = tritonserver_binary().parent.parent
+    return [str(tritonserver_binary()),
+            f"--model-repository={cfg.model_repository}",
+            f"--backend-directory={home / 'backends'}",
+            f"--http-address={cfg.address}", f"--http-port={cfg.http_port}",
+            f"--grpc-address={cfg.address}", f"--grpc-port={cfg.grpc_port}",
+            f"--metrics-address={cfg.address}", f"--metrics-port={cfg.metrics_port}",
+            "--allow-metrics=true", "--strict-readiness=true", "--exit-on-error=true",
+            "--log-info=true", *cfg.extra_args]
+
+
+def diagnose(log_text: str) -> list[str]:
+    """Known-failure suggestions for a server log (in table order, each once)."""
+    low = log_text.lower()
+    return [f"{pat!r} in the log -> {fix}" for pat, fix in KNOWN_FAILURES if pat.lower() in low]
+
+
+def _failing_lines(log_text: str, limit: int = 25) -> str:
+    keys = ("error", "failed", "traceback", "exception", "unavailable", "not found", "no module")
+    lines = [ln for ln in log_text.splitlines() if any(k in ln.lower() for k in keys)]
+    return "\n".join(lines[-limit:]) or "\n".join(log_text.splitlines()[-limit:])
+
+
+class TritonServer:
+    """A running tritonserver process (context manager: starts, waits for READY, stops)."""
+
+    def __init__(self, cfg: ServerConfig):
+        self.cfg = cfg
+        self.proc: subprocess.Popen | None = None
+        self.log_path = cfg.log_file or (cfg.model_repository.parent / "tritonserver.log")
+
+    def start(self, detach: bool = False) -> "TritonServer":
+        cfg = self.cfg
+        if not (cfg.model_repository / "ensemble" / "config.pbtxt").is_file():
+            raise ServerError(f"{cfg.model_repository} is not a model repository built by trtpipe "
+                              "(ensemble/config.pbtxt missing): run `make build-engine` first")
+        busy = [p for p in (cfg.http_port, cfg.grpc_port, cfg.metrics_port) if not port_free(p, cfg.address)]
+        if busy:
+            raise ServerError(f"port(s) {busy} on {cfg.address} already in use: stop the process holding them "
+                              "(`trtpipe stop`) or choose other ports (--http-port/--grpc-port/--metrics-port)")
+        shm = check_shm()
+        if shm:
+            log.warning(shm)
+        binary = tritonserver_binary()
+        ensure_python_stub(binary.parent.parent / "backends")
+        env = dict(os.environ)
+        if cfg.python_path:
+            env["TRTPIPE_PYTHONPATH"] = os.pathsep.join(cfg.python_path)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "w")
+        log.info("starting tritonserver: %s", " ".join(command(cfg)))
+        self.proc = subprocess.Popen(command(cfg), stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=detach)
+        logf.close()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def wait_ready(self) -> None:
+        """Block until the server and every model in the repository are READY, or raise ServerError."""
+        import tritonclient.http as httpclient
+
+        models = sorted(p.name for p in self.cfg.model_repository.iterdir() if (p / "config.pbtxt").is_file())
+        client = httpclient.InferenceServerClient(self.cfg.http_url, connection_timeout=2.0, network_timeout=5.0)
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        last_state: dict = {}
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._raise(f"tritonserver exited with status {self.proc.returncode} before becoming ready")
+            with contextlib.suppress(Exception):
+                if client.is_server_live():
+                    last_state = {m: client.is_model_ready(m) for m in models}
+                    if all(last_state.values()) and client.is_server_ready():
+                        log.info("tritonserver ready: %s (HTTP %s, gRPC %s, metrics :%d)", ", ".join(models),
+                                 self.cfg.http_url, self.cfg.grpc_url, self.cfg.metrics_port)
+                        return
+            time.sleep(0.5)
+        not_ready = [m for m, ok in last_state.items() if not ok] or models
+        self._raise(f"models {not_ready} not READY after {self.cfg.ready_timeout_s:.0f} s")
+
+    def _raise(self, headline: str) -> None:
+        text = self._log_text()
+        hints = diagnose(text)
+        msg = [headline, f"log: {self.log_path}", "relevant log lines:", _failing_lines(text)]
+        if hints:
+            msg += ["suggested fixes:"] + [f"  - {h}" for h in hints]
+        raise ServerError("\n".join(msg))
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM, wait up to ``timeout`` s, then SIGKILL."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def __enter__(self) -> "TritonServer":
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def write_state(path: Path, server: TritonServer) -> None:
+    path.write_text(json.dumps({"pid": server.proc.pid, "http": server.cfg.http_url, "grpc": server.cfg.grpc_url,
+                                "metrics_port": server.cfg.metrics_port,
+                                "model_repository": str(server.cfg.model_repository),
+                                "log": str(server.log_path)}, indent=2) + "\n")
+
+
+def stop_from_state(path: Path, timeout: float = 30.0) -> bool:
+    """Stop a detached server recorded in ``path``; True if one was running."""
+    if not path.is_file():
+        return False
+    pid = json.loads(path.read_text())["pid"]
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        path.unlink()
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    path.unlink(missing_ok=True)
+    return True

