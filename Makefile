@@ -23,7 +23,8 @@ help:
 	@echo "make serve          start tritonserver on 127.0.0.1 with the built repository; returns when every model is READY"
 	@echo "make query          PROMPT='...': stream a chat answer through the ensemble (gRPC)"
 	@echo "make stop           stop the server started by make serve"
-	@echo "make test           the whole test suite (starts real tritonserver instances)"
+	@echo "make test           the whole test suite (builds the default once, starts real tritonserver instances)"
+	@echo "make test-fast      unit tests only (no server, no ModelOpt calibration on the real model)"
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -48,6 +49,9 @@ query: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "not e2e and not slow"
 
 clean:
 	rm -rf build

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import Problem, SpecError, did_you_mean
 
@@ -88,12 +88,12 @@ class LimitsConfig(_Strict):
     tokens_per_block: int = Field(32, ge=4, le=1024)
     """Tokens per paged-KV-cache block (page size)."""
 
-    @model_validator(mode="after")
-    def _check_tokens_per_block(self) -> "LimitsConfig":
-        n = self.tokens_per_block
+    @field_validator("tokens_per_block")
+    @classmethod
+    def _check_tokens_per_block(cls, n: int) -> int:
         if n & (n - 1):
             raise ValueError(f"tokens_per_block={n} must be a power of two (TensorRT-LLM requirement)")
-        return self
+        return n
 
 
 class InstanceCounts(_Strict):

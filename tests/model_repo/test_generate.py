@@ -1,0 +1,77 @@
+"""Repository generation: every config parses with Triton's proto, nothing is left unfilled,
+and the ensemble wiring is checked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from model_repo.generate import (ModelPlan, check_ensemble, parse_config, plan_repository, render_config,
+                                 write_repository)
+from pipeline.errors import StageError
+from pipeline.fsutil import REPO_ROOT
+from pipeline.spec import load_spec
+from pipeline.targets import get_target
+
+
+@pytest.fixture
+def fake_engine(tmp_path):
+    eng = tmp_path / "engine"
+    eng.mkdir()
+    (eng / "engine.json").write_text(json.dumps({"build_config": {
+        "max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 2048,
+        "max_beam_width": 1, "tokens_per_block": 32}}))
+    (eng / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 2}))
+    return eng
+
+
+def _plan(engine, **serving):
+    build = load_spec(REPO_ROOT / "configs/builds/smollm2-135m.yaml", "cpu",
+                      {"serving": serving} if serving else None)
+    return build, plan_repository(build, get_target("cpu"), engine, sys_path=["/site"])
+
+
+def test_repository_configs_parse_and_name_their_sources(fake_engine, tmp_path):
+    _, plan = _plan(fake_engine)
+    configs = write_repository(plan, tmp_path / "repo")
+    assert set(configs) == {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing"}
+    llm = configs["tensorrt_llm"]
+    assert llm.max_batch_size == 8 and llm.model_transaction_policy.decoupled
+    text = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert "${" not in text
+    assert "# spec: serving.streaming" in text and "engine.json build_config.max_batch_size" in text
+    pre = (tmp_path / "repo" / "preprocessing" / "config.pbtxt").read_text()
+    assert 'key: "end_id" value: { string_value: "2" }' in pre
+    model_py = (tmp_path / "repo" / "tensorrt_llm" / "1" / "model.py").read_text()
+    assert "@@BOOTSTRAP@@" not in model_py and "TRTPIPE_PYTHONPATH" in model_py
+    assert json.loads((tmp_path / "repo" / "tensorrt_llm" / "sys_path.json").read_text()) == ["/site"]
+
+
+def test_triton_batch_size_above_engine_is_refused(fake_engine):
+    with pytest.raises(StageError, match="exceeds the engine's max_batch_size"):
+        _plan(fake_engine, triton_max_batch_size=16)
+
+
+def test_unfilled_placeholder_is_refused(fake_engine):
+    _, plan = _plan(fake_engine)
+    pre = next(m for m in plan.models if m.name == "preprocessing")
+    del pre.values["max_seq_len"]
+    with pytest.raises(StageError, match="max_seq_len"):
+        render_config(pre)
+
+
+def test_broken_ensemble_mapping_is_detected(fake_engine):
+    _, plan = _plan(fake_engine)
+    configs = {m.name: parse_config(render_config(m), m.name) for m in plan.models}
+    step = configs["ensemble"].ensemble_scheduling.step[1]
+    step.input_map["input_idz"] = step.input_map.pop("input_ids")
+    problems = check_ensemble(configs)
+    assert any("input_idz" in p for p in problems)
+
+
+def test_invalid_config_text_fails_to_parse():
+    mp = ModelPlan("x", "preprocessing")
+    with pytest.raises(StageError, match="not a valid Triton model config"):
+        parse_config('name: "x" max_batch_size: "eight"', "x/config.pbtxt")
+    assert mp.values == {}
