@@ -1,0 +1,53 @@
+"""The launcher: refuses busy ports before starting, and reports a model that fails to load
+with its log lines and a suggested fix (real tritonserver, a repository broken on purpose)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+
+from model_repo.generate import default_sys_path
+from pipeline.serve import ServerConfig, ServerError, TritonServer, diagnose, free_ports
+
+
+def test_busy_port_is_reported_before_starting(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "ensemble").mkdir(parents=True)
+    (repo / "ensemble" / "config.pbtxt").write_text('name: "ensemble"')
+    http, grpc, metrics = free_ports(3)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", grpc))
+        s.listen()
+        with pytest.raises(ServerError, match=rf"port\(s\) \[{grpc}\].*already in use"):
+            TritonServer(ServerConfig(repo, http, grpc, metrics)).start()
+
+
+def test_missing_repository_says_what_to_run(tmp_path):
+    with pytest.raises(ServerError, match="make build-engine"):
+        TritonServer(ServerConfig(tmp_path / "nothing")).start()
+
+
+def test_known_failures_map_to_fixes():
+    hints = diagnose("E1130 ... ModuleNotFoundError: No module named 'transformers'")
+    assert len(hints) == 1 and "TRTPIPE_PYTHONPATH" in hints[0]
+    assert diagnose("all good") == []
+
+
+@pytest.mark.e2e
+def test_model_that_fails_to_load_is_named_with_its_log(built_default, tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(built_default / "model_repo", repo)
+    cfg_path = repo / "tensorrt_llm" / "config.pbtxt"
+    text = cfg_path.read_text()
+    engine = str((built_default / "engine").resolve())
+    cfg_path.write_text(text.replace(engine, str(tmp_path / "no-engine")))
+    http, grpc, metrics = free_ports(3)
+    cfg = ServerConfig(repo, http, grpc, metrics, log_file=tmp_path / "server.log", ready_timeout_s=120,
+                       python_path=default_sys_path())
+    with pytest.raises(ServerError) as err:
+        TritonServer(cfg).start()
+    msg = str(err.value)
+    assert "gpt_model_path" in msg and "tensorrt_llm" in msg
+    assert "suggested fixes" in msg
