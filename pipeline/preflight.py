@@ -195,6 +195,11 @@ def model_problems(build: ResolvedBuild, hf_config: dict, target: Optional[Targe
                                 "tp_size, or tp_size by it (KV heads are duplicated when fewer than tp)",
                                 f"use tp_size in {sorted(set(_divisors(kv)) | {kv * k for k in (2, 4, 8)})} "
                                 "that also divides num_attention_heads", code="kv_heads_tp"))
+    if m.intermediate_size % tp:
+        problems.append(Problem(w("parallelism.tp_size"), tp, f"intermediate_size ({m.intermediate_size}) must be "
+                                "divisible by tp_size (the MLP is split by columns/rows across ranks)",
+                                f"use tp_size in {[d for d in _divisors(m.num_attention_heads) if m.intermediate_size % d == 0]}",
+                                code="intermediate_tp"))
     if m.num_hidden_layers % pp:
         problems.append(Problem(w("parallelism.pp_size"), pp, f"num_hidden_layers ({m.num_hidden_layers}) must be "
                                 "divisible by pp_size (ModelOpt's exporter splits layers evenly)",
@@ -222,7 +227,7 @@ def model_problems(build: ResolvedBuild, hf_config: dict, target: Optional[Targe
                                 f"above the model's max_position_embeddings {m.max_position_embeddings} with no "
                                 "rope scaling", f"set limits.max_seq_len <= {m.max_position_embeddings}",
                                 code="seq_len_context"))
-    if target is not None and not any(p.code in ("heads_tp", "kv_heads_tp", "layers_pp") for p in problems):
+    if target is not None and not any(p.code in ("heads_tp", "kv_heads_tp", "intermediate_tp", "layers_pp") for p in problems):
         problems += memory_problems(build, target, hf_config)
     return problems
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from pipeline.errors import Problem, SpecError, did_you_mean
 
@@ -99,12 +99,12 @@ class LimitsConfig(_Strict):
     tokens_per_block: int = Field(32, ge=4, le=1024)
     """Tokens per paged-KV-cache block (page size)."""
 
-    @model_validator(mode="after")
-    def _check_tokens_per_block(self) -> "LimitsConfig":
-        n = self.tokens_per_block
+    @field_validator("tokens_per_block")
+    @classmethod
+    def _check_tokens_per_block(cls, n: int) -> int:
         if n & (n - 1):
             raise ValueError(f"tokens_per_block={n} must be a power of two (TensorRT-LLM requirement)")
-        return self
+        return n
 
 
 class InstanceCounts(_Strict):
@@ -330,7 +330,14 @@ def parse_build_file(data: dict, source: str = "<memory>") -> BuildFile:
     except ValidationError as exc:
         raise SpecError(_problems_from_validation(exc, data, BuildFile, ""), source) from None
     problems: list[Problem] = []
+    from pipeline.targets import registry
+
+    profiles = registry()
     for tname, override in bf.targets.items():
+        if tname not in profiles:
+            problems.append(Problem(f"targets.{tname}", tname, "no such target profile in configs/targets/",
+                                    f"use one of {sorted(profiles)}.{did_you_mean(tname, profiles)}",
+                                    code="unknown_target"))
         if override is None:
             continue
         if not isinstance(override, dict):
