@@ -216,3 +216,57 @@ def test_every_accepted_plan_satisfies_the_rules():
         assert m.weights_bytes_per_rank + m.activation_bytes + m.reserve_bytes < m.device_bytes
     print(f"property grid: {accepted} accepted, {rejected} rejected")
     assert accepted > 50 and rejected > 50, (accepted, rejected)   # the grid exercises both sides
+
+
+# --- wiring: the CLI and run_build ---------------------------------------------------------------
+
+def test_cli_plan_writes_plan_json(tmp_path, capsys):
+    from pipeline.cli import main
+
+    out = tmp_path / "plan.json"
+    rc = main(["plan", str(ROOT / "configs/builds/llama-3-8b.yaml"), "--target", "h100", "--hf-config",
+               str(ROOT / "tests/assets/llama-3-8b/config.json"), "--output", str(out), "--isl", "1024"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["memory"]["kv"]["bytes_per_token"] == 65536 and data["memory"]["kv"]["workload_isl"] == 1024
+    assert "paged KV cache per rank" in capsys.readouterr().out
+
+
+def test_cli_plan_rejects_bad_spec_with_status_2(tmp_path, capsys):
+    from pipeline.cli import main
+
+    spec = tmp_path / "b.yaml"
+    spec.write_text("name: b\nruntime: trtllm\ntargets: {cpu: {}}\n")
+    assert main(["plan", str(spec), "--target", "cpu", "--output", str(tmp_path / "p.json")]) == 2
+    assert "runtime = 'trtllm': runtime 'trtllm' cannot run on target 'cpu'" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_run_build_saves_plan_before_heavy_work(tmp_path, monkeypatch, smollm2):
+    import builders.model_fetch as model_fetch
+    import pipeline.build as build_mod
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps(smollm2))
+    monkeypatch.setattr(model_fetch, "resolve_source", lambda source: hf)
+    monkeypatch.setattr(model_fetch, "folder_digest", lambda path, *a, **k: "0" * 64)
+
+    class Stop(Exception):
+        pass
+
+    def no_heavy_work(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(build_mod, "_checkpoint_stage", no_heavy_work)
+    build = load_spec(ROOT / "configs/builds/smollm2-135m.yaml", "cpu")
+    with pytest.raises(Stop):
+        build_mod.run_build(build, out_root=tmp_path / "out", progress=False)
+    plan = json.loads((tmp_path / "out" / "smollm2-135m" / "cpu" / "plan.json").read_text())
+    assert plan["memory"]["kv"]["bytes_per_token"] == 46080
+
+    bad = load_spec(ROOT / "configs/builds/smollm2-135m.yaml", "cpu",
+                    overrides={"quantization": {"group_size": 128}})
+    with pytest.raises(SpecError) as err:
+        build_mod.run_build(bad, out_root=tmp_path / "out2", progress=False)
+    assert err.value.codes() == ["awq_group"]
