@@ -131,6 +131,9 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     with measure("model") as t_model:
         hf_dir = model_fetch.resolve_source(build.model.source)
         preflight.check_model(build, target, hf_dir)
+        from pipeline.plan import compute_plan, read_hf_config
+
+        compute_plan(build, target, read_hf_config(hf_dir)).write(out / "plan.json")  # beside manifest.json
         digest = model_fetch.folder_digest(hf_dir)
     manifest["source_checkpoint"] = {"path": str(hf_dir), "sha256": digest}
     manifest["stages"]["model"] = {"path": str(hf_dir), "timing": t_model.as_dict()}

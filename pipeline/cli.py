@@ -69,13 +69,24 @@ def cmd_build(args) -> int:
 
 def cmd_plan(args) -> int:
     from pipeline import preflight
+    from pipeline.plan import make_plan, read_hf_config
+    from pipeline.plan_view import render_plan
     from pipeline.targets import get_target
 
     build = _resolve(args)
     target = get_target(build.target)
-    preflight.check(build, target)
-    print(json.dumps({"build": build.name, "target": build.target, "settings": build.settings.model_dump(mode="json")},
-                     indent=2))
+    preflight.check(build, target)  # spec-only rules first: no model fetch on a bad spec
+    if args.hf_config:
+        hf_config = json.loads(Path(args.hf_config).read_text())
+    else:
+        from builders.model_fetch import resolve_source
+
+        hf_config = read_hf_config(resolve_source(build.model.source))
+    plan = make_plan(build, target, hf_config, isl=args.isl, osl=args.osl)
+    out = args.output or (_build_path(args, build) / "plan.json")
+    plan.write(out)
+    render_plan(plan)
+    print(f"plan: {out}")
     return 0
 
 
@@ -187,8 +198,17 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.set_defaults(func=cmd_build)
 
-    pl = sub.add_parser("plan", help="check the spec for a target and print the resolved settings")
+    pl = sub.add_parser("plan", help="check every rule for a target and print the memory/capability plan",
+                        description="Check the spec, the target and the model's config.json (no weights) against "
+                                    "every pre-flight rule, then print the plan (per-rank weights, activations, KV "
+                                    "pool, plugins, warnings) and write plan.json into the build folder.")
     _add_build_args(pl)
+    pl.add_argument("--isl", type=int, default=128, help="workload input length in tokens (default 128)")
+    pl.add_argument("--osl", type=int, default=128, help="workload output length in tokens (default 128)")
+    pl.add_argument("--output", type=Path, default=None, help="write plan.json here (default: "
+                                                              "build/<name>/<target>/plan.json)")
+    pl.add_argument("--hf-config", default=None, help="plan against this HF config.json instead of fetching "
+                                                      "model.source (e.g. tests/assets/llama-3-8b/config.json)")
     pl.set_defaults(func=cmd_plan)
 
     for name, func, helptext in (("serve", cmd_serve, "start tritonserver on the built repository and wait for READY"),

@@ -63,6 +63,10 @@ class QuantizationConfig(_Strict):
     per-rank sharded input dimension."""
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
     """Calibration data for ModelOpt."""
+    use_fp8_context_fmha: Optional[bool] = None
+    """FP8 context FMHA (``trtllm-build --use_fp8_context_fmha``): null lets the plugin resolver
+    decide (on for FP8 models / FP8 KV cache on SM >= 90 with paged context FMHA); true
+    demands it (needs an FP8 model or FP8 KV cache and SM >= 90); false turns it off."""
 
 
 class ParallelismConfig(_Strict):
@@ -71,7 +75,14 @@ class ParallelismConfig(_Strict):
     pp_size: int = Field(1, ge=1, le=64)
     """Pipeline-parallel size (ranks that split the layer stack)."""
     gpus_per_node: Optional[int] = Field(None, ge=1, le=64)
-    """GPUs per node; null takes the target profile's value."""
+    """GPUs per node; null takes the target profile's value (may not exceed it)."""
+    num_nodes: int = Field(1, ge=1, le=64)
+    """Nodes the engine runtimes span; tp_size x pp_size may not exceed gpus_per_node x num_nodes."""
+
+    @property
+    def world_size(self) -> int:
+        """tp_size x pp_size: ranks (GPUs) one engine instance uses."""
+        return self.tp_size * self.pp_size
 
 
 class LimitsConfig(_Strict):
@@ -199,10 +210,16 @@ class ResolvedBuild(BaseModel):
     spec_path: str
     model: ModelSource
     settings: BuildSettings
+    overridden: tuple[str, ...] = ()
+    """Dotted setting paths whose value came from ``targets.<target>`` (errors point there)."""
 
     @property
     def runtime(self) -> str:
         return self.settings.runtime
+
+    def where(self, dotted: str) -> str:
+        """The YAML field a setting came from: ``targets.<t>.<dotted>`` when the target overrides it."""
+        return f"targets.{self.target}.{dotted}" if dotted in self.overridden else dotted
 
 
 _OVERRIDABLE = set(BuildSettings.model_fields)
@@ -215,6 +232,17 @@ def _deep_merge(base: dict, override: dict) -> dict:
             out[key] = _deep_merge(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
+    return out
+
+
+def _leaf_paths(data: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of every leaf (and every mapping) in a nested dict."""
+    out: list[str] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            path = f"{prefix}{key}"
+            out.append(path)
+            out += _leaf_paths(value, f"{path}.")
     return out
 
 
@@ -302,7 +330,14 @@ def parse_build_file(data: dict, source: str = "<memory>") -> BuildFile:
     except ValidationError as exc:
         raise SpecError(_problems_from_validation(exc, data, BuildFile, ""), source) from None
     problems: list[Problem] = []
+    from pipeline.targets import registry
+
+    profiles = registry()
     for tname, override in bf.targets.items():
+        if tname not in profiles:
+            problems.append(Problem(f"targets.{tname}", tname, "no such target profile in configs/targets/",
+                                    f"use one of {sorted(profiles)}.{did_you_mean(tname, profiles)}",
+                                    code="unknown_target"))
         if override is None:
             continue
         if not isinstance(override, dict):
@@ -373,7 +408,8 @@ def load_spec(path: str | Path, target: str, overrides: dict | None = None) -> R
         if not src.is_absolute():
             src = (path.parent / src).resolve()
         model = model.model_copy(update={"source": str(src)})
-    return ResolvedBuild(name=bf.name, target=target, spec_path=str(path.resolve()), model=model, settings=settings)
+    return ResolvedBuild(name=bf.name, target=target, spec_path=str(path.resolve()), model=model, settings=settings,
+                         overridden=tuple(_leaf_paths(bf.targets.get(target) or {})))
 
 
 def json_schema() -> dict:

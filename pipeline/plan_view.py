@@ -1,0 +1,74 @@
+"""Render a :class:`~pipeline.plan.Plan` as readable tables (rich) for ``trtpipe plan``."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.plan import Plan, human_bytes
+
+
+def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
+    """Print the plan: build summary, memory per rank, KV pool, plugins, warnings."""
+    con = console or Console()
+    m, kv = plan.memory, plan.memory.kv
+    head = Table(title=f"plan: {plan.build} on {plan.target}", show_header=False, title_justify="left")
+    head.add_column("key", style="bold")
+    head.add_column("value")
+    sm = "cpu" if plan.target_sm is None else f"SM {plan.target_sm}"
+    head.add_row("target", f"{plan.target} ({sm}, {plan.target_memory_gib:g} GiB per device, "
+                           f"{plan.gpus_available} device(s) available)")
+    head.add_row("runtime", f"{plan.runtime} (serves tp={plan.serving_tp} x pp={plan.serving_pp})")
+    head.add_row("model", f"{plan.model.architecture}: {plan.model.num_hidden_layers} layers, hidden "
+                          f"{plan.model.hidden_size}, {plan.model.num_attention_heads} heads / "
+                          f"{plan.model.num_key_value_heads} KV heads x {plan.model.head_dim}, vocab "
+                          f"{plan.model.vocab_size} (padded {plan.vocab_padded}), {plan.memory.params_total / 1e6:.1f}M params")
+    head.add_row("quantization", f"{plan.quant_algo} ({plan.trtllm_quant_algo or 'unquantized'}), KV cache "
+                                 f"{plan.kv_cache_quant_algo or plan.dtype}, dtype {plan.dtype}")
+    head.add_row("parallelism", f"tp_size {plan.tp_size} x pp_size {plan.pp_size} = world_size {plan.world_size}")
+    head.add_row("limits", ", ".join(f"{k} {v}" for k, v in plan.limits.items()))
+    con.print(head)
+
+    mem = Table(title="memory per rank (heaviest pipeline stage)", title_justify="left")
+    mem.add_column("part")
+    mem.add_column("bytes", justify="right")
+    mem.add_column("size", justify="right")
+    mem.add_column("note")
+    for part, n in m.weights_breakdown.items():
+        mem.add_row(f"  weights: {part}", f"{n:,}", human_bytes(n), "")
+    mem.add_row("weights", f"{m.weights_bytes_per_rank:,}", human_bytes(m.weights_bytes_per_rank),
+                "per PP rank: " + ", ".join(human_bytes(b) for b in m.weights_bytes_by_pp_rank))
+    mem.add_row("activations", f"{m.activation_bytes:,}", human_bytes(m.activation_bytes),
+                f"estimate from max_num_tokens {plan.limits['max_num_tokens']}")
+    mem.add_row("runtime reserve", f"{m.reserve_bytes:,}", human_bytes(m.reserve_bytes), "CUDA context, workspaces")
+    mem.add_row("KV pool", f"{kv.pool_bytes:,}", human_bytes(kv.pool_bytes), kv.pool_source)
+    mem.add_row("total", f"{m.total_bytes:,}", human_bytes(m.total_bytes),
+                f"of {human_bytes(m.device_bytes)} ({100 * m.total_bytes / m.device_bytes:.1f}%)")
+    con.print(mem)
+
+    kvt = Table(title="paged KV cache per rank", show_header=False, title_justify="left")
+    kvt.add_column("key", style="bold")
+    kvt.add_column("value")
+    kvt.add_row("bytes per token", f"{kv.bytes_per_token:,} ({human_bytes(kv.bytes_per_token)}; "
+                                   f"{kv.kv_heads_per_rank} KV head(s) per rank, {kv.dtype_bytes} B/element)")
+    kvt.add_row("capacity", f"{kv.capacity_tokens:,} tokens in {kv.blocks:,} blocks of {kv.tokens_per_block}")
+    kvt.add_row("max_seq_len sequences", f"{kv.max_seq_len_sequences:,} at once "
+                                         f"({kv.blocks_per_max_seq} blocks each)")
+    kvt.add_row(f"ISL {kv.workload_isl} + OSL {kv.workload_osl}",
+                f"{kv.workload_sequences:,} sequences fit; {kv.workload_concurrency} in flight "
+                f"(max_batch_size {plan.limits['max_batch_size']})")
+    con.print(kvt)
+
+    pt = Table(title="trtllm-build plugins" + ("" if plan.plugins_apply else
+                                               f" (informative: runtime {plan.runtime} builds no TensorRT engine)"),
+               title_justify="left")
+    pt.add_column("flag")
+    pt.add_column("value")
+    pt.add_column("reason")
+    for p in plan.plugins:
+        pt.add_row(p.flag + (" (implicit)" if p.implicit else ""), p.value, p.reason)
+    con.print(pt)
+    for w in plan.warnings:
+        con.print(f"[yellow]warning:[/yellow] {w}")
