@@ -63,7 +63,12 @@ def cmd_build(args) -> int:
         status = "cached" if st.get("cached") else ("done" if name != "model" else "ready")
         print(f"{name:<12}{tm.get('wall_s', 0):>9.1f}{tm.get('peak_rss_mib', 0):>14.0f}  {status}")
     print(f"manifest: {out / 'manifest.json'}")
-    print("next: `make serve` then `make query PROMPT=\"...\"`")
+    if all(st.get("cached") for name, st in manifest["stages"].items() if name != "model"):
+        print("up to date: every stage reused (nothing changed since the last build)")
+    if manifest.get("handoff"):
+        print(f"next: on the GPU host, run {manifest['handoff']['script']} (see docs/gpu-hosts.md)")
+    else:
+        print("next: `make serve` then `make query PROMPT=\"...\"`")
     return 0
 
 
