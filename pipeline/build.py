@@ -240,7 +240,8 @@ def _package_stage(build, target: TargetProfile, engine: StageResult, out, force
                     sys_path=default_sys_path(), engine_dir=str(engine.path))
 
     def produce(tmp: Path) -> dict:
-        plan = plan_repository(build, target, engine.path)
+        tok = engine.path / "tokenizer"  # trtllm-build engines keep the tokenizer in a subfolder
+        plan = plan_repository(build, target, engine.path, tokenizer_dir=tok if tok.is_dir() else None)
         configs = write_repository(plan, tmp, atomic=False)
         return {"models": sorted(configs)}
 
