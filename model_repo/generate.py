@@ -78,7 +78,18 @@ class RepositoryPlan:
         return {m.name: {k: {"value": m.values[k], "source": m.sources[k]} for k in m.values} for m in self.models}
 
 
+# The template of the `tensorrt_llm` model per runtime (the other models are shared).
+RUNTIME_TEMPLATES = {"pytorch": "tensorrt_llm_pytorch", "trtllm": "tensorrt_llm_trtllm",
+                     "trtllm-llmapi": "tensorrt_llm_llmapi"}
+
+
 def _engine_limits(engine_dir: Path) -> dict:
+    if not (engine_dir / "engine.json").is_file() and (engine_dir / "config.json").is_file():
+        cfg = json.loads((engine_dir / "config.json").read_text())
+        if "build_config" in cfg:  # a trtllm-build engine: its config.json carries the limits
+            bc = dict(cfg["build_config"])
+            bc.setdefault("tokens_per_block", (bc.get("plugin_config") or {}).get("tokens_per_block"))
+            return {"build_config": bc}
     path = engine_dir / "engine.json"
     if not path.is_file():
         raise StageError(f"{engine_dir}: engine.json missing: the engine stage did not complete; rerun the build")
@@ -103,7 +114,7 @@ def default_sys_path() -> list[str]:
 
 
 def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | None = None,
-                    sys_path: list[str] | None = None) -> RepositoryPlan:
+                    sys_path: list[str] | None = None, build_config: dict | None = None) -> RepositoryPlan:
     """Compute the repository plan for a ``pytorch``-runtime engine.
 
     Args:
@@ -112,12 +123,14 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
         engine_dir: built engine folder (holds engine.json and, for pytorch, the tokenizer).
         tokenizer_dir: tokenizer folder (default: ``engine_dir``).
         sys_path: site-packages folders for the Python models (default: this interpreter's).
+        build_config: the engine's limits when the engine is not built yet (a GPU-host bundle);
+            default: read from the engine folder (engine.json, or a trtllm-build config.json).
 
     Raises:
         StageError: the engine or tokenizer folder is incomplete, or the spec contradicts the engine.
     """
     s = build.settings
-    engine = _engine_limits(engine_dir)
+    engine = {"build_config": build_config} if build_config is not None else _engine_limits(engine_dir)
     bc = engine["build_config"]
     tokenizer_dir = tokenizer_dir or engine_dir
     end_ids, pad_id = _generation_ids(tokenizer_dir)
@@ -151,7 +164,35 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
     post.set("postprocessing_instance_count", s.serving.instance_counts.postprocessing,
              "spec: serving.instance_counts.postprocessing")
 
-    llm = common(ModelPlan("tensorrt_llm", "tensorrt_llm_pytorch"))
+    if s.runtime == "trtllm":
+        llm = _plan_trtllm_model(build, engine_dir, bc, engine_src, decoupled, dec_src)
+        common(llm)
+    else:
+        llm = _plan_python_llm_model(build, target, engine_dir, bc, engine_src, decoupled, dec_src)
+        common(llm)
+
+    ens = common(ModelPlan("ensemble", "ensemble"))
+    ens.set("ensemble_runtime_inputs", ",\n".join(
+        f'  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} optional: true }}'
+        for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
+    ens.set("ensemble_runtime_outputs", "".join(
+        f',\n  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PERF_OUTPUTS),
+        "model_repo.generate.PERF_OUTPUTS")
+    ens.set("ensemble_runtime_input_map", "\n".join(
+        f'      input_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in RUNTIME_INPUTS),
+        "model_repo.generate.RUNTIME_INPUTS")
+    ens.set("ensemble_runtime_output_map", "".join(
+        f'\n      output_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in PERF_OUTPUTS),
+        "model_repo.generate.PERF_OUTPUTS")
+    return RepositoryPlan([ens, pre, llm, post], sys_path if sys_path is not None else default_sys_path())
+
+
+
+def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src: str, decoupled: bool,
+                           dec_src: str) -> ModelPlan:
+    """The Python-backend `tensorrt_llm` model (pytorch and trtllm-llmapi runtimes)."""
+    s = build.settings
+    llm = ModelPlan("tensorrt_llm", RUNTIME_TEMPLATES[s.runtime])
     llm.set("decoupled", decoupled, dec_src)
     llm.set("max_queue_delay_microseconds", s.serving.max_queue_delay_microseconds,
             "spec: serving.max_queue_delay_microseconds")
@@ -175,20 +216,49 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
         f',\n  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PERF_OUTPUTS),
         "model_repo.generate.PERF_OUTPUTS")
 
-    ens = common(ModelPlan("ensemble", "ensemble"))
-    ens.set("ensemble_runtime_inputs", ",\n".join(
-        f'  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} optional: true }}'
-        for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
-    ens.set("ensemble_runtime_outputs", "".join(
-        f',\n  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PERF_OUTPUTS),
+    return llm
+
+
+def _plan_trtllm_model(build, engine_dir: Path, bc: dict, engine_src: str, decoupled: bool,
+                       dec_src: str) -> ModelPlan:
+    """The C++ `tensorrtllm`-backend model over a trtllm-build engine: every parameter explicit."""
+    s = build.settings
+    sv = s.serving
+    world = s.parallelism.tp_size * s.parallelism.pp_size
+    llm = ModelPlan("tensorrt_llm", RUNTIME_TEMPLATES["trtllm"])
+    llm.set("decoupled", decoupled, dec_src)
+    llm.set("max_queue_delay_microseconds", sv.max_queue_delay_microseconds,
+            "spec: serving.max_queue_delay_microseconds")
+    llm.set("max_queue_size", sv.max_queue_size, "spec: serving.max_queue_size")
+    llm.set("gpt_model_type", "inflight_fused_batching", "in-flight batching (the C++ backend's IFB mode)")
+    llm.set("engine_dir", engine_dir, "build: trtllm-build output folder")
+    for key in ("batch_scheduler_policy", "kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse",
+                "enable_chunked_context"):
+        llm.set(key, getattr(sv, key), f"spec: serving.{key}")
+    kv = sv.max_tokens_in_paged_kv_cache
+    llm.set("max_tokens_in_paged_kv_cache", kv if kv else bc["max_batch_size"] * bc["max_seq_len"],
+            "spec: serving.max_tokens_in_paged_kv_cache" if kv else
+            "plan: max_batch_size x max_seq_len (every slot can hold a full sequence; the memory fraction "
+            "still caps it)")
+    llm.set("exclude_input_in_output", True, "outputs carry generated tokens only (what postprocessing counts)")
+    beams = bc["max_beam_width"]
+    llm.set("decoding_mode", "beam_search" if beams > 1 else "top_k_top_p",
+            f"{engine_src}.max_beam_width = {beams}")
+    llm.set("max_beam_width", beams, f"{engine_src}.max_beam_width")
+    ids = ",".join(str(i) for i in range(world))
+    llm.set("gpu_device_ids", ids, f"one GPU per rank: world_size = tp x pp = {world}")
+    llm.set("participant_ids", ids, f"leader mode: MPI ranks 0..{world - 1} run the engine")
+    llm.set("cancellation_check_period_ms", 100, "how often cancelled requests are looked for (backend default)")
+    llm.set("multi_block_mode", True, "TensorRT-LLM 1.x default: split long-context decode attention over blocks")
+    llm.set("cuda_graph_mode", False, "backend default: CUDA graphs off (engine profiles already cover shapes)")
+    llm.set("normalize_log_probs", True, "backend default: log probs normalised")
+    llm.set("runtime_inputs", ",\n".join(
+        f'  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} reshape: {{ shape: [ ] }} '
+        'optional: true }' for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
+    llm.set("runtime_outputs", "".join(
+        f',\n  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PERF_OUTPUTS),
         "model_repo.generate.PERF_OUTPUTS")
-    ens.set("ensemble_runtime_input_map", "\n".join(
-        f'      input_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in RUNTIME_INPUTS),
-        "model_repo.generate.RUNTIME_INPUTS")
-    ens.set("ensemble_runtime_output_map", "".join(
-        f'\n      output_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in PERF_OUTPUTS),
-        "model_repo.generate.PERF_OUTPUTS")
-    return RepositoryPlan([ens, pre, llm, post], sys_path if sys_path is not None else default_sys_path())
+    return llm
 
 
 def render_config(mp: ModelPlan) -> str:

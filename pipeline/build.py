@@ -15,14 +15,16 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from pipeline.digest import source_digest
 from pipeline.errors import StageError
-from pipeline.fsutil import REPO_ROOT, atomic_dir, measure, write_json
+from pipeline.fsutil import REPO_ROOT, atomic_dir, cache_root, measure, write_json
 from pipeline.spec import ResolvedBuild
 from pipeline.targets import TargetProfile, get_target
 
@@ -72,6 +74,7 @@ def run_stage(name: str, out: Path, key: str, produce: Callable[[Path], dict], *
     ``produce`` fills the temporary folder and returns a dict of facts for the manifest.
     """
     marker = out / "stage.json"
+    _remove_stale_temps(out)
     if not force and marker.is_file():
         prev = json.loads(marker.read_text())
         if prev.get("key") == key:
@@ -85,6 +88,21 @@ def run_stage(name: str, out: Path, key: str, produce: Callable[[Path], dict], *
     write_json(marker, record)
     log.info("%-10s done in %.1f s (peak RSS %.0f MiB)", name, timing.wall_s, timing.peak_rss_bytes / 2**20)
     return StageResult(name, out, key, False, timing.as_dict(), info)
+
+
+def _remove_stale_temps(out: Path) -> None:
+    """Delete ``.<stage>.tmp-*`` / ``.<stage>.old-*`` siblings left by a build that was killed mid-stage.
+
+    They are never read (a stage folder without ``stage.json`` is never reused either); this only
+    frees their space. A build running at the same time on the same folder is not supported.
+    """
+    import shutil
+
+    if not out.parent.is_dir():
+        return
+    for stale in list(out.parent.glob(f".{out.name}.tmp-*")) + list(out.parent.glob(f".{out.name}.old-*")):
+        log.info("%-10s removing %s left by an interrupted build", out.name, stale.name)
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 def _progress_factory(enabled: bool):
@@ -134,15 +152,19 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
         from pipeline.plan import compute_plan, read_hf_config
 
         compute_plan(build, target, read_hf_config(hf_dir)).write(out / "plan.json")  # beside manifest.json
-        digest = model_fetch.folder_digest(hf_dir)
+        digest = source_digest(hf_dir)  # memoised: a no-op rebuild does not re-hash the weights
     manifest["source_checkpoint"] = {"path": str(hf_dir), "sha256": digest}
     manifest["stages"]["model"] = {"path": str(hf_dir), "timing": t_model.as_dict()}
 
     results = [_checkpoint_stage(build, hf_dir, digest, out, versions, force, progress)]
     if stop_after != "checkpoint":
-        results.append(_engine_stage(build, target, hf_dir, results[-1], out, versions, force))
-        if stop_after != "engine":
+        results.append(_engine_stage(build, target, hf_dir, results[-1], out, versions, force, progress))
+        if stop_after != "engine" and results[-1].name != "bundle":
             results.append(_package_stage(build, target, results[-1], out, force))
+    if results[-1].name == "bundle":
+        manifest["handoff"] = {"bundle": str(results[-1].path),
+                               "script": str(results[-1].path / "build_and_serve.sh"),
+                               "reason": "TensorRT-LLM is not importable on this machine"}
     for r in results:
         manifest["stages"][r.name] = {"path": str(r.path), "key": r.key, "cached": r.cached,
                                       "timing": r.timing, "info": r.info}
@@ -159,7 +181,8 @@ def _checkpoint_stage(build, hf_dir, digest, out, versions, force, progress) -> 
     s = build.settings
     q = s.quantization
     recipe = QUANT_RECIPES[q.quant_algo]
-    key = stage_key(stage="checkpoint", source=digest, quant=q.model_dump(mode="json"), dtype=s.dtype,
+    fmt = "hf_unified" if s.runtime == "trtllm-llmapi" else "trtllm"
+    key = stage_key(stage="checkpoint", format=fmt, source=digest, quant=q.model_dump(mode="json"), dtype=s.dtype,
                     tp=s.parallelism.tp_size, pp=s.parallelism.pp_size, decoder=build.model.decoder_type,
                     modelopt=versions["nvidia-modelopt"], torch=versions["torch"],
                     transformers=versions["transformers"])
@@ -172,6 +195,13 @@ def _checkpoint_stage(build, hf_dir, digest, out, versions, force, progress) -> 
             tok = AutoTokenizer.from_pretrained(str(hf_dir))
             c = q.calibration
             samples = token_windows(tok, "calibration", c.num_samples, c.seq_len, c.seed, c.dataset)
+        if fmt == "hf_unified":
+            from builders.quantize_hf import quantize_to_hf_checkpoint
+
+            return quantize_to_hf_checkpoint(
+                hf_dir, tmp, quant_algo=q.quant_algo, group_size=q.group_size,
+                kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, calib_samples=samples,
+                progress=_progress_factory(progress))
         return quantize_to_checkpoint(
             hf_dir, tmp, quant_algo=q.quant_algo, group_size=q.group_size,
             kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, tp_size=s.parallelism.tp_size,
@@ -187,11 +217,13 @@ def _build_config(build: ResolvedBuild) -> dict:
                                          "max_beam_width", "tokens_per_block")}
 
 
-def _engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult, out, versions, force) -> StageResult:
+def _engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult, out, versions, force,
+                  progress: bool = True) -> StageResult:
     s = build.settings
-    if s.runtime != "pytorch":
-        raise StageError(f"runtime '{s.runtime}' engine building is not available in this version of the "
-                         "pipeline: use runtime: pytorch")
+    if s.runtime == "trtllm":
+        return _trtllm_engine_stage(build, target, hf_dir, ckpt, out, force, progress)
+    if s.runtime == "trtllm-llmapi":
+        return _llmapi_engine_stage(build, hf_dir, ckpt, out, force)
     from builders.engine_pytorch import build_pytorch_engine
 
     key = stage_key(stage="engine", runtime=s.runtime, checkpoint=ckpt.key, limits=_build_config(build),
@@ -211,8 +243,96 @@ def _package_stage(build, target: TargetProfile, engine: StageResult, out, force
                     sys_path=default_sys_path(), engine_dir=str(engine.path))
 
     def produce(tmp: Path) -> dict:
-        plan = plan_repository(build, target, engine.path)
+        tok = engine.path / "tokenizer"  # trtllm-build engines keep the tokenizer in a subfolder
+        plan = plan_repository(build, target, engine.path, tokenizer_dir=tok if tok.is_dir() else None)
         configs = write_repository(plan, tmp, atomic=False)
         return {"models": sorted(configs)}
 
     return run_stage("model_repo", out / "model_repo", key, produce, force=force)
+
+
+def trtllm_plugins(build: ResolvedBuild, target: TargetProfile, ckpt_dir: Path | None = None) -> list:
+    """The resolved trtllm-build plugin decisions for this build on this target."""
+    from plugins.resolve import resolve_plugins
+
+    s = build.settings
+    arch = "LlamaForCausalLM"
+    if ckpt_dir is not None and (ckpt_dir / "config.json").is_file():
+        arch = json.loads((ckpt_dir / "config.json").read_text()).get("architecture", arch)
+    return resolve_plugins(quant_algo=s.quantization.quant_algo, kv_cache_quant_algo=s.quantization.kv_cache_quant_algo,
+                           dtype=s.dtype, sm=target.sm, tp_size=s.parallelism.tp_size, pp_size=s.parallelism.pp_size,
+                           architecture=arch, tokens_per_block=s.limits.tokens_per_block,
+                           enable_kv_cache_reuse=s.serving.enable_kv_cache_reuse,
+                           enable_chunked_context=s.serving.enable_chunked_context)
+
+
+def _trtllm_engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult, out, force,
+                         progress: bool) -> StageResult:
+    """trtllm-build here when TensorRT-LLM is importable; otherwise the GPU-host bundle."""
+    from builders import engine_trtllm as et
+
+    s = build.settings
+    world = s.parallelism.tp_size * s.parallelism.pp_size
+    bc = _build_config(build)
+    plugins = trtllm_plugins(build, target, ckpt.path)
+    # What determines the engine: the checkpoint, limits, plugin flags, the TensorRT-LLM release and
+    # the GPU architecture. Not the worker count, log level, progress display or output paths.
+    engine_inputs = dict(checkpoint=ckpt.key, limits=bc, plugins=[p.cli() for p in plugins if not p.implicit],
+                         sm=target.sm)
+    executable = et.build_executable()
+    if executable is None:
+        key = stage_key(stage="bundle", tensorrt_llm=et.TRTLLM_VERSION, serving=s.serving.model_dump(mode="json"),
+                        templates=_templates_digest(), **engine_inputs)
+        from builders.bundle_trtllm import write_bundle
+
+        final = out / "bundle"
+        result = run_stage("bundle", final, key, lambda tmp: write_bundle(
+            tmp, final, build=build, target=target, ckpt_dir=ckpt.path, hf_dir=hf_dir, build_config=bc,
+            plugins=plugins, world_size=world, stage_keys={"checkpoint": ckpt.key, "bundle": key}), force=force)
+        _print_handoff(build, target, ckpt, result, world)
+        return result
+    test_double = bool(os.environ.get(et.EXECUTABLE_ENV))
+    versions = et.toolchain_versions()
+    et.check_toolchain(versions, test_double=test_double)
+    key = stage_key(stage="engine", runtime="trtllm", tensorrt_llm=versions["tensorrt-llm"],
+                    tensorrt=versions["tensorrt"], test_double=test_double, **engine_inputs)
+    timing_cache = cache_root() / "trtllm-timing" / f"sm{target.sm}-trtllm{versions['tensorrt-llm']}.cache"
+    return run_stage("engine", out / "engine", key, lambda tmp: et.build_trtllm_engine(
+        ckpt_dir=ckpt.path, hf_dir=hf_dir, out_dir=tmp, build_config=bc, plugins=plugins, world_size=world,
+        timing_cache=timing_cache, executable=executable, progress=progress), force=force)
+
+
+def _llmapi_engine_stage(build, hf_dir, ckpt: StageResult, out, force) -> StageResult:
+    """The LLM API serves the unified HF checkpoint itself: the "engine" is that folder plus limits."""
+    from builders.quantize_hf import prepare_llmapi_engine
+
+    bc = _build_config(build)
+    key = stage_key(stage="engine", runtime="trtllm-llmapi", checkpoint=ckpt.key, limits=bc)
+    return run_stage("engine", out / "engine", key,
+                     lambda tmp: prepare_llmapi_engine(ckpt.path, hf_dir, tmp, build_config=bc), force=force)
+
+
+def _templates_digest() -> str:
+    from model_repo.generate import TEMPLATES
+
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.rglob("*"))
+                                   if p.is_file() and "__pycache__" not in p.parts)).hexdigest()
+
+
+def _print_handoff(build, target, ckpt: StageResult, bundle: StageResult, world: int) -> None:
+    """Say clearly why the engine was not built here and what to run on the GPU host."""
+    from builders.engine_trtllm import TRTLLM_VERSION
+
+    state = "up to date" if bundle.cached else "written"
+    print(f"""
+TensorRT-LLM {TRTLLM_VERSION} is not importable here, so the engine for target '{target.name}' (SM {target.sm}) \
+was not built on this machine.
+Produced:
+  checkpoint  {ckpt.path}  (ModelOpt {build.settings.quantization.quant_algo}, tp {build.settings.parallelism.tp_size} \
+x pp {build.settings.parallelism.pp_size})
+  bundle      {bundle.path}  ({state}: checkpoint, tokenizer, Triton repository for the tensorrtllm backend,
+              plan.json, build_and_serve.sh)
+On a GPU host with {world} x {target.name} GPU(s) and TensorRT-LLM {TRTLLM_VERSION} (e.g. the NGC Triton TRT-LLM \
+container), copy the bundle folder and run:
+  ./build_and_serve.sh          # trtllm-build, check the engine, then serve with tritonserver (mpirun, {world} rank(s))
+See docs/gpu-hosts.md.""", flush=True)

@@ -63,7 +63,12 @@ def cmd_build(args) -> int:
         status = "cached" if st.get("cached") else ("done" if name != "model" else "ready")
         print(f"{name:<12}{tm.get('wall_s', 0):>9.1f}{tm.get('peak_rss_mib', 0):>14.0f}  {status}")
     print(f"manifest: {out / 'manifest.json'}")
-    print("next: `make serve` then `make query PROMPT=\"...\"`")
+    if all(st.get("cached") for name, st in manifest["stages"].items() if name != "model"):
+        print("up to date: every stage reused (nothing changed since the last build)")
+    if manifest.get("handoff"):
+        print(f"next: on the GPU host, run {manifest['handoff']['script']} (see docs/gpu-hosts.md)")
+    else:
+        print("next: `make serve` then `make query PROMPT=\"...\"`")
     return 0
 
 
@@ -179,6 +184,30 @@ def cmd_fetch(args) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    from pipeline import cache
+    from pipeline.build import BUILD_ROOT
+
+    root = args.out or BUILD_ROOT
+    if args.cache_command == "list":
+        rows = cache.entries(root)
+        if not rows:
+            print(f"no cached stages under {root}")
+            return 0
+        print(f"{'build':<20}{'target':<12}{'stage':<24}{'key':<18}{'age d':>7}{'MiB':>9}")
+        for e in rows:
+            print(f"{e.build:<20}{e.target:<12}{e.stage:<24}{(e.key or '(interrupted)'):<18}"
+                  f"{e.age_days:>7.1f}{e.size_bytes / 2**20:>9.1f}")
+        print(f"total {sum(e.size_bytes for e in rows) / 2**20:.1f} MiB in {len(rows)} folders under {root}")
+        return 0
+    removed = cache.clean(root, older_than_days=args.older_than, build=args.build_name, dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for e in removed:
+        print(f"{verb} {e.path} ({e.size_bytes / 2**20:.1f} MiB)")
+    print(f"{verb} {len(removed)} folders, {sum(e.size_bytes for e in removed) / 2**20:.1f} MiB")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="trtpipe",
@@ -236,6 +265,17 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schema", help="print the JSON Schema of build files (for editor completion)")
     s.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
     s.set_defaults(func=cmd_schema)
+
+    c = sub.add_parser("cache", help="list or clean cached stage outputs under build/")
+    csub = c.add_subparsers(dest="cache_command", required=True, metavar="ACTION")
+    cl = csub.add_parser("list", help="every finished stage folder with its key, age and size")
+    cc = csub.add_parser("clean", help="delete stage folders (and folders left by interrupted builds)")
+    cc.add_argument("--older-than", type=float, default=None, metavar="DAYS", help="only folders older than DAYS")
+    cc.add_argument("--build", dest="build_name", default=None, metavar="NAME", help="only this build name")
+    cc.add_argument("--dry-run", action="store_true", help="print what would be removed")
+    for sp in (cl, cc):
+        sp.add_argument("--out", type=Path, default=None, help="output root (default: build/)")
+    c.set_defaults(func=cmd_cache)
 
     f = sub.add_parser("fetch", help="resolve a model source (embedded:<name> or a folder) to an HF folder")
     f.add_argument("source", nargs="?", default="embedded:smollm2-135m-instruct")

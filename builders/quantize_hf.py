@@ -1,0 +1,91 @@
+"""Checkpoint and "engine" for the ``trtllm-llmapi`` runtime.
+
+TensorRT-LLM's LLM API (PyTorch backend) loads ModelOpt's *unified HF* checkpoint directly:
+a Hugging Face folder whose ``config.json`` carries a ``quantization_config`` written by
+``modelopt.torch.export.export_hf_checkpoint`` (plus ``hf_quant_config.json``). No engine
+is built; the engine folder is that checkpoint with the tokenizer and ``engine.json`` (the
+limits the Triton model passes to ``tensorrt_llm.LLM``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from pipeline.errors import StageError
+
+
+def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, group_size: int,
+                              kv_cache_quant_algo: str | None, dtype: str, calib_samples: list[list[int]],
+                              progress: Callable[[str, int], Any] | None = None) -> dict:
+    """Quantize ``hf_dir`` with ModelOpt and export the unified HF checkpoint into ``out_dir``.
+
+    Raises:
+        StageError: ModelOpt refused the model or the recipe.
+    """
+    import modelopt
+    import modelopt.torch.quantization as mtq
+    import torch
+    from modelopt.torch.export import export_hf_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from builders.model_fetch import copy_tokenizer
+    from builders.quantize import modelopt_config
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32 if device == "cpu" else torch_dtype)
+    model.to(device).eval()
+    cfg = modelopt_config(quant_algo, group_size, kv_cache_quant_algo)
+    t0 = time.perf_counter()
+    if cfg is not None:
+        def forward_loop(m):
+            bar = progress("calibration", len(calib_samples)) if progress else None
+            with torch.no_grad():
+                for ids in calib_samples:
+                    m(torch.tensor([ids], device=device))
+                    if bar is not None:
+                        bar.update(1)
+            if bar is not None:
+                bar.close()
+
+        try:
+            mtq.quantize(model, cfg, forward_loop)
+        except Exception as exc:
+            raise StageError(f"ModelOpt quantization ({quant_algo}) failed: {exc}") from exc
+    calib_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    try:
+        model.to(torch_dtype)
+        with torch.inference_mode():
+            export_hf_checkpoint(model, export_dir=str(out_dir))
+    except Exception as exc:
+        raise StageError(f"ModelOpt unified HF export ({quant_algo}) failed: {exc}") from exc
+    copy_tokenizer(hf_dir, out_dir)
+    return {"format": "modelopt unified HF", "calibration_s": round(calib_s, 3),
+            "export_s": round(time.perf_counter() - t1, 3), "device": device,
+            "modelopt_version": modelopt.__version__,
+            "calibration_samples": len(calib_samples) if cfg is not None else 0}
+
+
+def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, build_config: dict) -> dict:
+    """Hard-link the unified checkpoint into ``out_dir`` and record the limits in ``engine.json``."""
+    from builders.model_fetch import copy_tokenizer
+
+    if not (ckpt_dir / "config.json").is_file():
+        raise StageError(f"{ckpt_dir}: no config.json: the checkpoint stage did not complete; rerun the build")
+    for f in sorted(ckpt_dir.iterdir()):
+        if f.is_file() and f.name != "stage.json":
+            try:
+                os.link(f, out_dir / f.name)
+            except OSError:
+                shutil.copy2(f, out_dir / f.name)
+    copy_tokenizer(hf_dir, out_dir)
+    engine = {"format": "modelopt-unified-hf", "runtime": "trtllm-llmapi", "build_config": build_config,
+              "quantization": json.loads((ckpt_dir / "config.json").read_text()).get("quantization_config")}
+    (out_dir / "engine.json").write_text(json.dumps(engine, indent=2) + "\n")
+    return engine

@@ -1,0 +1,43 @@
+"""The tensorrt_llm model template per runtime: every config parses and the ensemble wiring holds."""
+
+from __future__ import annotations
+
+import pytest
+
+from model_repo.generate import TEMPLATES, write_repository, plan_repository
+from pipeline.spec import load_spec
+from pipeline.targets import get_target
+from tests.conftest import write_spec
+
+LIMITS = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
+          "max_beam_width": 1, "tokens_per_block": 32}
+
+
+@pytest.mark.parametrize("runtime", ["trtllm", "trtllm-llmapi"])
+def test_repository_for_gpu_runtimes(tmp_path, runtime):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "generation_config.json").write_text('{"eos_token_id": [2, 0], "pad_token_id": 2}')
+    build = load_spec(write_spec(tmp_path / "b.yaml", tok, runtime=runtime), "h100")
+    plan = plan_repository(build, get_target("h100"), tmp_path / "engine", tokenizer_dir=tok, build_config=LIMITS)
+    configs = write_repository(plan, tmp_path / "repo")
+    llm = configs["tensorrt_llm"]
+    params = {k: v.string_value for k, v in llm.parameters.items()}
+    if runtime == "trtllm":
+        assert llm.backend == "tensorrtllm"
+        for key in ("gpt_model_type", "gpt_model_path", "batch_scheduler_policy", "kv_cache_free_gpu_mem_fraction",
+                    "max_tokens_in_paged_kv_cache", "enable_kv_cache_reuse", "enable_chunked_context",
+                    "exclude_input_in_output", "decoding_mode", "max_beam_width", "gpu_device_ids",
+                    "participant_ids", "cancellation_check_period_ms", "multi_block_mode", "cuda_graph_mode",
+                    "normalize_log_probs", "max_queue_delay_microseconds", "max_queue_size"):
+            assert params[key] != "", key
+        assert params["decoding_mode"] == "top_k_top_p" and params["gpu_device_ids"] == "0"
+    else:
+        assert llm.backend == "python" and params["runtime"] == "trtllm-llmapi"
+        assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "model.py").is_file()
+    assert llm.model_transaction_policy.decoupled
+
+
+def test_llmapi_model_reports_missing_tensorrt_llm():
+    text = (TEMPLATES / "tensorrt_llm_llmapi" / "1" / "model.py").read_text()
+    assert "TritonModelException" in text and "needs TensorRT-LLM" in text

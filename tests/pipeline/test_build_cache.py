@@ -1,0 +1,110 @@
+"""Build cache: hit, partial rebuild, interrupted build, bundle hand-off (tiny random Llama, quant none)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import run_build
+from pipeline.spec import load_spec
+from tests.conftest import REPO, write_spec
+
+pytestmark = pytest.mark.slow  # ModelOpt export of a tiny model: a few seconds per build
+
+
+def _stages(m):
+    return {k: v["cached"] for k, v in m["stages"].items() if k != "model"}
+
+
+def test_cache_hit_and_partial_rebuilds(tmp_path, tiny_llama, trtllm_double, monkeypatch):
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
+    spec = write_spec(tmp_path / "b.yaml", tiny_llama)
+    out = tmp_path / "build"
+    m1 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    assert _stages(m1) == {"checkpoint": False, "engine": False, "model_repo": False}
+    eng = out / "tiny" / "h100" / "engine"
+    assert (eng / "rank0.engine").is_file() and (eng / "trtllm-build.log").is_file()
+    info = m1["stages"]["engine"]["info"]
+    assert info["test_double"] and "--max_seq_len" in info["argv"]
+    cfg = (out / "tiny" / "h100" / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'backend: "tensorrtllm"' in cfg and str(eng) in cfg
+
+    t0 = time.perf_counter()
+    m2 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    assert time.perf_counter() - t0 < 1.0
+    assert all(_stages(m2).values())
+
+    # a serving field: only the repository reruns
+    write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5}\n")
+    m3 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    assert _stages(m3) == {"checkpoint": True, "engine": True, "model_repo": False}
+    # a limit: engine and repository rerun, the checkpoint does not
+    write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5}\n"
+                                       "    limits: {max_batch_size: 2}\n")
+    m4 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    assert _stages(m4) == {"checkpoint": True, "engine": False, "model_repo": False}
+    # log level / progress / worker count are not inputs
+    m5 = run_build(load_spec(spec, "h100"), out_root=out, progress=True)
+    assert all(_stages(m5).values())
+
+
+def test_interrupted_engine_stage_leaves_nothing_readable(tmp_path, tiny_llama, trtllm_double):
+    env = dict(os.environ, TRTPIPE_CACHE=str(tmp_path / "cache"), TRTPIPE_DOUBLE_SLEEP="30")
+    spec = write_spec(tmp_path / "b.yaml", tiny_llama)
+    out = tmp_path / "build"
+    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(spec), "--target", "h100", "--out", str(out),
+           "--no-progress"]
+    child = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    leaf = out / "tiny" / "h100"
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(leaf.glob(".engine.tmp-*/rank0.engine")) \
+            and not list(leaf.glob(".engine.tmp-*")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(child.pid, signal.SIGKILL)  # the build and its trtllm-build child, mid-stage
+    child.wait()
+    assert list(leaf.glob(".engine.tmp-*")), "the kill should have hit the engine stage"
+    assert not (leaf / "engine").exists() and not (leaf / "model_repo").exists()
+    assert (leaf / "checkpoint" / "stage.json").is_file()
+
+    env["TRTPIPE_DOUBLE_SLEEP"] = "0"
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "left by an interrupted build" in res.stderr
+    assert not list(leaf.glob(".*.tmp-*"))
+    m = json.loads((leaf / "manifest.json").read_text())
+    assert _stages(m) == {"checkpoint": True, "engine": False, "model_repo": False}
+
+
+def test_bundle_when_tensorrt_llm_absent(tmp_path, tiny_llama, monkeypatch, capsys):
+    monkeypatch.delenv("TRTPIPE_TRTLLM_BUILD", raising=False)
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
+    spec = write_spec(tmp_path / "b.yaml", tiny_llama)
+    out = tmp_path / "build"
+    m = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    assert list(_stages(m)) == ["checkpoint", "bundle"]
+    text = capsys.readouterr().out
+    assert "TensorRT-LLM 1.2.1 is not importable here" in text and "build_and_serve.sh" in text
+    bundle = out / "tiny" / "h100" / "bundle"
+    script = bundle / "build_and_serve.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    body = script.read_text()
+    assert "EXPECTED_TRTLLM=1.2.1" in body and "--use_paged_context_fmha enable" in body
+    assert (bundle / "checkpoint" / "rank0.safetensors").is_file()
+    assert 'backend: "tensorrtllm"' in (bundle / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    plan = json.loads((bundle / "plan.json").read_text())
+    assert plan["tensorrt_llm_version"] == "1.2.1" and plan["world_size"] == 1
+    # the script refuses another TensorRT-LLM (none is installed here)
+    res = subprocess.run(["bash", str(script), "build"], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHON=sys.executable))
+    assert res.returncode == 2 and "planned for TensorRT-LLM 1.2.1" in res.stderr
+    m2 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    assert all(_stages(m2).values())

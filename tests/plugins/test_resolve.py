@@ -1,0 +1,75 @@
+"""The plugin table for every quantization x shipped GPU target, against rules from TensorRT-LLM 1.2.
+
+Rules (tensorrt_llm/builder.py, plugin/plugin.py, gptAttentionCommon of 1.x):
+* gemm_plugin: off for FP8 checkpoints, auto otherwise.
+* FP8 context FMHA: only FP8/W4A8_AWQ weights, only SM 89/90; with paged context FMHA only with an FP8 KV cache.
+* FP8 (weights or KV) below SM 89 and INT weight-only/SmoothQuant on SM 100-119 are refused.
+* NCCL and the weight-only groupwise plugin are applied by trtllm-build: shown, never passed.
+* Every passed flag and value is one trtllm-build 1.2 accepts (checked by the test double's parser).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from builders.quantize import QUANT_RECIPES
+from pipeline.errors import SpecError
+from pipeline.targets import registry
+from plugins.resolve import resolve_plugins
+from tests.doubles.trtllm_build import parser
+
+GPU_TARGETS = sorted(n for n, t in registry().items() if t.kind == "gpu")
+
+
+def _resolve(quant, target, kv=None, tp=1, reuse=False, chunked=False):
+    return resolve_plugins(quant_algo=quant, kv_cache_quant_algo=kv, dtype="float16", sm=registry()[target].sm,
+                           tp_size=tp, pp_size=1, architecture="LlamaForCausalLM", tokens_per_block=32,
+                           enable_kv_cache_reuse=reuse, enable_chunked_context=chunked)
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
+@pytest.mark.parametrize("quant", sorted(QUANT_RECIPES))
+@pytest.mark.parametrize("kv", [None, "fp8"])
+@pytest.mark.parametrize("tp", [1, 2])
+def test_plugin_table(quant, target, kv, tp):
+    sm = registry()[target].sm
+    qa = QUANT_RECIPES[quant].quant_algo
+    decisions = _resolve(quant, target, kv=kv, tp=tp)
+    flags = {d.flag: d for d in decisions}
+    assert flags["gemm_plugin"].value == ("disable" if qa == "FP8" else "auto")
+    fp8_ctx = qa in ("FP8", "W4A8_AWQ") and sm in (89, 90) and kv == "fp8"
+    assert flags["use_fp8_context_fmha"].value == ("enable" if fp8_ctx else "disable")
+    paged = not (kv == "fp8" and not (qa in ("FP8", "W4A8_AWQ") and sm in (89, 90)))
+    assert flags["use_paged_context_fmha"].value == ("enable" if paged else "disable")
+    assert ("nccl_plugin" in flags) == (tp > 1) and (tp == 1 or flags["nccl_plugin"].implicit)
+    assert ("reduce_fusion" in flags) == (tp > 1)
+    if qa in ("W4A16_AWQ", "W4A8_AWQ"):
+        assert flags["weight_only_groupwise_quant_matmul_plugin"].implicit
+    argv = ["--checkpoint_dir", "x"] + [a for d in decisions for a in d.cli()]
+    parser().parse_args(argv)  # exits (SystemExit 2) on any flag or value trtllm-build 1.2 rejects
+    assert all(d.cli() == [] for d in decisions if d.implicit)
+
+
+def test_fp8_refused_below_sm89():
+    with pytest.raises(SpecError) as e:
+        resolve_plugins(quant_algo="fp8", kv_cache_quant_algo=None, dtype="float16", sm=80, tp_size=1, pp_size=1,
+                        architecture="LlamaForCausalLM", tokens_per_block=32, enable_kv_cache_reuse=False,
+                        enable_chunked_context=False)
+    assert e.value.codes() == ["fp8_sm"]
+
+
+@pytest.mark.parametrize("quant", ["int4_awq", "int8_sq"])
+def test_int_weight_only_refused_on_blackwell(quant):
+    with pytest.raises(SpecError) as e:
+        resolve_plugins(quant_algo=quant, kv_cache_quant_algo=None, dtype="float16", sm=100, tp_size=1, pp_size=1,
+                        architecture="LlamaForCausalLM", tokens_per_block=32, enable_kv_cache_reuse=False,
+                        enable_chunked_context=False)
+    assert "int_wo_blackwell" in e.value.codes()
+
+
+def test_fp8_kv_with_reuse_needs_fp8_context_fmha():
+    with pytest.raises(SpecError) as e:
+        _resolve("int4_awq", "h100", kv="fp8", reuse=True)
+    assert e.value.codes() == ["fp8_kv_paged_context"]
+    flags = {d.flag: d.value for d in _resolve("fp8", "h100", kv="fp8", reuse=True)}
+    assert flags["use_paged_context_fmha"] == "enable" and flags["use_fp8_context_fmha"] == "enable"
