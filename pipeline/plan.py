@@ -357,7 +357,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
         quant_algo=q.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, sm=target.sm,
         tp_size=par.tp_size, pp_size=par.pp_size, architecture=shape.architecture,
         tokens_per_block=tpb, enable_kv_cache_reuse=sv.enable_kv_cache_reuse,
-        enable_chunked_context=sv.enable_chunked_context)
+        enable_chunked_context=sv.enable_chunked_context, strict=False)
     plugins = [PluginEntry(flag=d.flag, value=d.value, reason=d.reason, implicit=d.implicit) for d in decisions]
     plugins = _apply_fp8_context_fmha(plugins, q.use_fp8_context_fmha)
 

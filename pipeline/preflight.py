@@ -133,6 +133,7 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
                                     f"on SM 100-119; target '{target.name}' is SM {sm}",
                                     "use quant_algo fp8 (or w4a8_awq) on Blackwell, or runtime trtllm-llmapi",
                                     code="int4_sm100"))
+        problems += _resolver_refusals(build, target, problems, w)
     if q.use_fp8_context_fmha and recipe.quant_algo not in FP8_WEIGHT_ALGOS and q.kv_cache_quant_algo != "fp8":
         problems.append(Problem(w("quantization.use_fp8_context_fmha"), True,
                                 "FP8 context FMHA needs an FP8 model (fp8, w4a8_awq) or an FP8 KV cache "
@@ -151,7 +152,7 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
             quant_algo=q.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, sm=sm,
             tp_size=par.tp_size, pp_size=par.pp_size, architecture="LlamaForCausalLM",
             tokens_per_block=lim.tokens_per_block, enable_kv_cache_reuse=sv.enable_kv_cache_reuse,
-            enable_chunked_context=sv.enable_chunked_context)
+            enable_chunked_context=sv.enable_chunked_context, strict=False)
         paged = {d.flag: d.value for d in decisions}.get("use_paged_context_fmha")
         if paged != "enable":
             which = "serving.enable_kv_cache_reuse" if sv.enable_kv_cache_reuse else "serving.enable_chunked_context"
@@ -160,6 +161,28 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
                                     f"resolution gives {paged!r}", "turn the option off, or fix plugins/resolve.py "
                                     "so that it enables use_paged_context_fmha", code="paged_context_fmha"))
     return problems
+
+
+# Refusals the plugin resolver knows about that the rules above already report under their own code.
+_SAME_RULE = {"fp8_sm": {"fp8_sm", "fp8_kv_sm"}, "int_wo_blackwell": {"int4_sm100"}}
+
+
+def _resolver_refusals(build: ResolvedBuild, target: TargetProfile, found: list[Problem], w) -> list[Problem]:
+    """What plugins.resolve_plugins refuses for this engine build, minus what ``found`` already says."""
+    from plugins.resolve import resolve_plugins
+
+    s = build.settings
+    q, par, lim, sv = s.quantization, s.parallelism, s.limits, s.serving
+    try:
+        resolve_plugins(quant_algo=q.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype,
+                        sm=target.sm, tp_size=par.tp_size, pp_size=par.pp_size, architecture="LlamaForCausalLM",
+                        tokens_per_block=lim.tokens_per_block, enable_kv_cache_reuse=sv.enable_kv_cache_reuse,
+                        enable_chunked_context=sv.enable_chunked_context)
+    except SpecError as exc:
+        have = {p.code for p in found}
+        return [Problem(w(p.field), p.value, p.rule, p.fix, p.code) for p in exc.problems
+                if not (_SAME_RULE.get(p.code, {p.code}) & have)]
+    return []
 
 
 def check(build: ResolvedBuild, target: TargetProfile) -> None:

@@ -51,7 +51,7 @@ class PluginDecision:
 def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtype: str, sm: Optional[int],
                     tp_size: int, pp_size: int, architecture: str, tokens_per_block: int,
                     enable_kv_cache_reuse: bool, enable_chunked_context: bool,
-                    multiple_profiles: bool = True) -> list[PluginDecision]:
+                    multiple_profiles: bool = True, strict: bool = True) -> list[PluginDecision]:
     """Resolve the plugin/feature flags for one build.
 
     Args:
@@ -64,6 +64,8 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
         tokens_per_block: paged KV block size.
         enable_kv_cache_reuse, enable_chunked_context: serving options that need paged context FMHA.
         multiple_profiles: build several TensorRT optimisation profiles (faster at varied batch shapes).
+        strict: raise SpecError for what trtllm-build 1.2 refuses on this GPU; False resolves anyway
+            (the planner shows the table; :mod:`pipeline.preflight` reports the refusals with the rest).
 
     Returns:
         decisions in command-line order.
@@ -74,7 +76,8 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
     """
     recipe = QUANT_RECIPES[quant_algo]
     qa = recipe.quant_algo
-    _check_hardware(qa, kv_cache_quant_algo, sm)
+    if strict:
+        _check_hardware(qa, kv_cache_quant_algo, sm)
     fp8_model = qa == "FP8"
     kv_fp8 = kv_cache_quant_algo == "fp8"
     world = tp_size * pp_size
@@ -99,7 +102,7 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
                                         ("chunked context", enable_chunked_context)) if on)
     if kv_fp8 and not fp8_ctx_possible:
         # trtllm-build would switch paged context FMHA off itself ("FP8 Paged Context FMHA is disabled").
-        if wants_paged_ctx:
+        if wants_paged_ctx and strict:
             raise SpecError([Problem(
                 "quantization.kv_cache_quant_algo", kv_cache_quant_algo,
                 f"{why} need(s) paged context FMHA, which TensorRT-LLM 1.2 disables with an FP8 KV cache unless "

@@ -34,6 +34,16 @@ def _resolve(quant, target, kv=None, tp=1, reuse=False, chunked=False):
 def test_plugin_table(quant, target, kv, tp):
     sm = registry()[target].sm
     qa = QUANT_RECIPES[quant].quant_algo
+    refused = []
+    if (qa in ("FP8", "W4A8_AWQ") or kv == "fp8") and sm < 89:
+        refused.append("fp8_sm")
+    if qa in ("W4A16_AWQ", "W8A8_SQ_PER_CHANNEL") and 100 <= sm < 120:
+        refused.append("int_wo_blackwell")
+    if refused:
+        with pytest.raises(SpecError) as e:
+            _resolve(quant, target, kv=kv, tp=tp)
+        assert set(e.value.codes()) & set(refused), e.value.codes()
+        return
     decisions = _resolve(quant, target, kv=kv, tp=tp)
     flags = {d.flag: d for d in decisions}
     assert flags["gemm_plugin"].value == ("disable" if qa == "FP8" else "auto")
