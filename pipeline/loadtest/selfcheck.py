@@ -26,14 +26,19 @@ DEFAULT_RATES = (25.0, 50.0, 100.0, 200.0, 400.0)
 
 
 @contextlib.contextmanager
-def serve_repository(repo: Path, ready_timeout_s: float = 600.0) -> Iterator[tuple[str, str]]:
-    """Start tritonserver on ``repo`` on free ports; yield (gRPC url, metrics url); always stop it."""
+def serve_repository(repo: Path, ready_timeout_s: float = 600.0,
+                     log_dir: Path | None = None) -> Iterator[tuple[str, str]]:
+    """Start tritonserver on ``repo`` on free ports; yield (gRPC url, metrics url); always stop it.
+
+    The server log goes to ``log_dir`` (default: the temp folder), never into the repository's build folder.
+    """
     from model_repo.generate import default_sys_path
     from pipeline.serve import ServerConfig, TritonServer, free_ports
 
     http, grpc, metrics = free_ports(3)
     cfg = ServerConfig(Path(repo), http, grpc, metrics, python_path=default_sys_path(),
-                       log_file=Path(repo).parent / f"tritonserver-{grpc}.log", ready_timeout_s=ready_timeout_s)
+                       log_file=Path(log_dir or tempfile.gettempdir()) / f"tritonserver-{grpc}.log",
+                       ready_timeout_s=ready_timeout_s)
     server = TritonServer(cfg).start()
     try:
         yield cfg.grpc_url, f"http://{cfg.address}:{metrics}/metrics"
@@ -48,7 +53,7 @@ def trivial_server(work_dir: Path | None = None, token_delay_us: int = 0) -> Ite
 
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         repo = write_trivial_repository(Path(tmp) / "model_repo", token_delay_us=token_delay_us)
-        with serve_repository(repo, ready_timeout_s=120) as urls:
+        with serve_repository(repo, ready_timeout_s=120, log_dir=Path(tmp)) as urls:
             yield urls
 
 
