@@ -105,7 +105,7 @@ def _http_port(tmp: Path) -> str:
     log = next(tmp.rglob("tritonserver-*.log"))
     for line in log.read_text().splitlines():
         if "Started HTTPService at" in line:
-            return line.rsplit(":", 1)[1].strip()
+            return line.rsplit(":", 1)[1].strip().strip('"')
     raise RuntimeError(f"no HTTP port in {log}")
 
 
