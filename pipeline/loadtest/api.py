@@ -1,0 +1,173 @@
+"""Run a load test: check the server, build the workload, run every sweep point, summarise."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import platform
+import time
+from datetime import datetime, timezone
+
+from pipeline.errors import PipelineError
+from pipeline.loadtest.config import LoadTestConfig
+from pipeline.loadtest.metrics import summarize
+from pipeline.loadtest.runner import ProcPlan, run_procs
+from pipeline.loadtest.schedule import arrival_offsets
+from pipeline.loadtest.server_metrics import Sampler
+from pipeline.loadtest.workload import from_jsonl, load_tokenizer, synthetic
+
+log = logging.getLogger("trtpipe")
+REQUIRED_INPUTS = ("text_input", "max_tokens")
+REQUIRED_OUTPUTS = ("num_output_tokens",)
+
+
+class LoadTestError(PipelineError):
+    """Bad arguments, or a server/model the load test cannot drive."""
+
+
+def check_tensors(inputs: list[str], outputs: list[str], cfg: LoadTestConfig) -> list[str]:
+    """Problems between the model's tensor names and what this load test will send/read."""
+    p = [f"model '{cfg.model}' has no input '{n}' (it has {sorted(inputs)}): point --model at the ensemble"
+         for n in REQUIRED_INPUTS if n not in inputs]
+    p += [f"model '{cfg.model}' has no output '{n}' (it has {sorted(outputs)}): the load tester counts tokens "
+          "from the server's num_output_tokens; rebuild the repository with this trtpipe" for n in REQUIRED_OUTPUTS
+          if n not in outputs]
+    if cfg.fixed_output == "min_tokens" and "min_tokens" not in inputs:
+        p.append(f"--fixed-output min_tokens: model '{cfg.model}' has no min_tokens input yet; "
+                 "use --ignore-eos (end_id set to an id that is never generated)")
+    if cfg.fixed_output == "ignore_eos" and "end_id" not in inputs:
+        p.append(f"--ignore-eos: model '{cfg.model}' has no end_id input")
+    return p
+
+
+def check_server(cfg: LoadTestConfig) -> dict:
+    """Server reachable, model present and READY, tensors as expected; returns the model's metadata."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(cfg.url)
+    try:
+        try:
+            client.is_server_live(client_timeout=5.0)
+        except InferenceServerException as exc:
+            raise LoadTestError(f"cannot reach Triton at {cfg.url} ({exc.message()}): start it with `make serve`, "
+                                "or drop --url so `trtpipe loadtest` starts one") from exc
+        models = sorted({m.name for m in client.get_model_repository_index().models})
+        if cfg.model not in models:
+            raise LoadTestError(f"model '{cfg.model}' is not in the server's repository (it has {models}): "
+                                "pass --model with one of those")
+        if not client.is_model_ready(cfg.model):
+            raise LoadTestError(f"model '{cfg.model}' is not READY on {cfg.url}: see the server log")
+        md = client.get_model_metadata(cfg.model, as_json=True)
+    finally:
+        client.close()
+    inputs, outputs = [t["name"] for t in md.get("inputs", [])], [t["name"] for t in md.get("outputs", [])]
+    problems = check_tensors(inputs, outputs, cfg)
+    if problems:
+        raise LoadTestError("the model does not fit this load test:\n  - " + "\n  - ".join(problems))
+    return {"name": cfg.model, "inputs": inputs, "outputs": outputs, "versions": md.get("versions", [])}
+
+
+def _inputs(cfg: LoadTestConfig, meta: dict, vocab_size: int | None) -> dict:
+    inputs: dict = {}
+    if cfg.perf_metrics and "return_perf_metrics" in meta["inputs"]:
+        inputs["return_perf_metrics"] = True
+    if cfg.fixed_output == "min_tokens":
+        inputs["min_tokens"] = 0  # replaced by each request's max_tokens
+    if cfg.fixed_output == "ignore_eos":
+        # An id past the vocabulary can never be generated, so generation runs to max_tokens.
+        inputs["end_id"] = int(vocab_size) if vocab_size else 2**31 - 1
+    return inputs
+
+
+def _split(items: list, n: int) -> list[list]:
+    return [items[k::n] for k in range(n)]
+
+
+def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict) -> dict:
+    """One sweep point: build its requests, send them, summarise, judge validity."""
+    n = cfg.num_requests
+    seed = cfg.seed + 1000 * k
+    if cfg.dataset is not None:
+        wl = from_jsonl(cfg.dataset, n + cfg.warmup, cfg.output_len, tokenizer, seed=seed)
+    else:  # unique prompts across points too (offset), so no point reuses another's KV blocks
+        wl = synthetic(n + cfg.warmup, cfg.input_len, cfg.output_len, tokenizer, seed=seed,
+                       offset=k * (n + cfg.warmup))
+    warm, reqs = wl.requests[:cfg.warmup], wl.requests[cfg.warmup:]
+    offsets = (arrival_offsets(point["rate"], n, burstiness=cfg.burstiness, seed=seed)
+               if point["mode"] == "open" else [0.0] * n)
+    items = [(i, float(o), r) for i, (o, r) in enumerate(zip(offsets, reqs))]
+    procs = min(cfg.client_procs, n)
+    conc = point.get("concurrency", 1)
+    plans = [ProcPlan(cfg.url, cfg.model, point["mode"], part, concurrency=max(1, conc // procs + (j < conc % procs)),
+                      connections=cfg.connections, duration_s=cfg.duration_s,
+                      request_timeout_s=cfg.request_timeout_s, drain_timeout_s=cfg.drain_timeout_s,
+                      inputs=inputs, warmup=_split(warm, procs)[j])
+             for j, part in enumerate(_split(items, procs))]
+    log.info("point %d: %s, %d requests in %d process(es) x %d stream(s)", k, point, n, procs, cfg.connections)
+    with Sampler(cfg.metrics_url) as sampler:
+        results = run_procs(plans)
+    records = [r for res in results for r in res.records]
+    records.sort(key=lambda r: (not r.warmup, r.index))
+    summary = summarize(records, cfg.slo, open_loop=point["mode"] == "open")
+    t0 = min((r.scheduled for r in records if not r.warmup), default=0.0)
+    for res in results:  # server unix-ns timings -> seconds from t0 on this client's clock
+        for r in res.records:
+            if r.server:
+                r.server["client_clock_offset_s"] = res.wall_minus_mono
+    client = [{"cpu_s": res.cpu_s, "wall_s": res.wall_s, "cpu_util": res.cpu_s / res.wall_s if res.wall_s else 0.0,
+               "not_sent": res.not_sent} for res in results]
+    return {"point": point, "workload": wl.description, "summary": summary,
+            "validity": validity(cfg, point, summary, client), "client": client,
+            "server_metrics": sampler.report(t0), "t0_mono": t0,
+            "requests": [r.as_dict(t0) for r in records]}
+
+
+def validity(cfg: LoadTestConfig, point: dict, summary: dict, client: list[dict]) -> dict:
+    """Is this point a measurement of the server, or of the client? Reasons when not."""
+    reasons = []
+    lag = summary.get("schedule_lag_s", {}).get("p95")
+    if lag is not None and lag > cfg.max_schedule_lag_s:
+        reasons.append(f"client fell behind its schedule: p95 schedule lag {lag * 1e3:.1f} ms > "
+                       f"{cfg.max_schedule_lag_s * 1e3:.0f} ms (add --client-procs, or lower the rate)")
+    for j, c in enumerate(client):
+        if c["cpu_util"] > cfg.max_client_cpu:
+            reasons.append(f"client process {j} used {c['cpu_util']:.0%} of a core (> {cfg.max_client_cpu:.0%}): "
+                           "the client may be the bottleneck; add --client-procs")
+    if cfg.ceiling_rps and point["mode"] == "open" and point["rate"] > cfg.ceiling_rps:
+        reasons.append(f"offered rate {point['rate']} req/s is above the client's self-checked ceiling "
+                       f"{cfg.ceiling_rps:.1f} req/s")
+    return {"valid": not reasons, "reasons": reasons}
+
+
+def run_loadtest(cfg: LoadTestConfig, *, manifest: dict | None = None) -> dict:
+    """Every sweep point of ``cfg``, as one report dict (see report.py for the files)."""
+    problems = cfg.problems()
+    if problems:
+        raise LoadTestError("bad load-test arguments:\n  - " + "\n  - ".join(problems))
+    meta = check_server(cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer_dir)
+    inputs = _inputs(cfg, meta, getattr(tokenizer, "vocab_size", None))
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    t = time.monotonic()
+    points = [run_point(cfg, pt, k, tokenizer, inputs) for k, pt in enumerate(cfg.points())]
+    return {"tool": "trtpipe loadtest", "date": started, "wall_s": time.monotonic() - t,
+            "host": {"platform": platform.platform(), "python": platform.python_version(),
+                     "cpus": os.cpu_count()},
+            "config": cfg.as_dict(), "server": {"url": cfg.url, "model": meta, "metrics_url": cfg.metrics_url},
+            "request_inputs": inputs, "manifest": manifest, "points": points,
+            "verdict": verdict(cfg, points)}
+
+
+def verdict(cfg: LoadTestConfig, points: list[dict]) -> dict:
+    """SLO verdict over every point (passes trivially when no SLO was given); invalid points listed."""
+    invalid = [k for k, p in enumerate(points) if not p["validity"]["valid"]]
+    missed = []
+    if cfg.slo.given:
+        for k, p in enumerate(points):
+            frac = p["summary"]["goodput"]["fraction"]
+            if frac is None or math.isnan(frac) or frac < cfg.slo_attainment:
+                missed.append(k)
+    return {"slo_given": cfg.slo.given, "slo_attainment": cfg.slo_attainment, "slo_missed_points": missed,
+            "invalid_points": invalid, "passed": not missed}

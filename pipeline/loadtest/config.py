@@ -1,0 +1,117 @@
+"""What one ``trtpipe loadtest run`` does: one typed class, every field with a default and a rule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipeline.loadtest.metrics import SLO
+from pipeline.loadtest.workload import parse_length
+
+MODES = ("closed", "open")
+FIXED_OUTPUT = ("none", "min_tokens", "ignore_eos")
+
+
+@dataclass
+class LoadTestConfig:
+    url: str = "127.0.0.1:8001"
+    """gRPC host:port of the server."""
+    metrics_url: str | None = None
+    """Triton's Prometheus endpoint (http://host:port/metrics); None = not scraped."""
+    model: str = "ensemble"
+    """Triton model the requests go to (the ensemble's tensors)."""
+    mode: str = "closed"
+    """closed (fixed concurrency) or open (request rate on an absolute schedule)."""
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    """closed loop: requests in flight; several values = a sweep."""
+    rate: list[float] = field(default_factory=lambda: [1.0])
+    """open loop: requests/s; several values = a sweep."""
+    burstiness: float = 1.0
+    """open loop: gamma shape of inter-arrival gaps (1.0 = Poisson, < 1 burstier)."""
+    num_requests: int = 32
+    """measured requests per sweep point (warm-up not included)."""
+    duration_s: float = 300.0
+    """most seconds of sending per sweep point; whichever of this and num_requests comes first ends it."""
+    warmup: int = 2
+    """requests sent before each point's clock starts, excluded from statistics."""
+    input_len: str = "128"
+    """synthetic input tokens: N, uniform:LO:HI or normal:MEAN:STD."""
+    output_len: str = "32"
+    """max_tokens per request: N, uniform:LO:HI or normal:MEAN:STD."""
+    dataset: Path | None = None
+    """JSONL of real prompts instead of synthetic ones."""
+    tokenizer_dir: Path | None = None
+    """served tokenizer (default: the engine folder beside the repository)."""
+    fixed_output: str = "none"
+    """none | min_tokens (send min_tokens = max_tokens) | ignore_eos (end_id = an id never generated)."""
+    perf_metrics: bool = True
+    """ask for server-side timings (return_perf_metrics) when the model has that input."""
+    seed: int = 0
+    """seed of prompts, lengths and arrival times."""
+    connections: int = 1
+    """gRPC streams per client process (requests multiplexed by request_id on each)."""
+    client_procs: int = 1
+    """client processes (when one cannot keep up)."""
+    request_timeout_s: float = 300.0
+    """a request with no final response after this long is a timeout error."""
+    drain_timeout_s: float = 60.0
+    """after the last send, how long in-flight requests may finish before being cut."""
+    slo: SLO = field(default_factory=SLO)
+    """per-request SLOs (TTFT, TPOT, E2E in seconds) for goodput and the verdict."""
+    slo_attainment: float = 0.9
+    """the verdict passes when at least this fraction of requests meets every SLO."""
+    max_schedule_lag_s: float = 0.05
+    """open loop: p95 schedule lag above this marks the run invalid (the client fell behind)."""
+    max_client_cpu: float = 0.9
+    """a client process busier than this fraction of one core marks the run invalid."""
+    ceiling_rps: float | None = None
+    """requests/s the client sustained in its self-check; points above it are marked invalid."""
+
+    def problems(self) -> list[str]:
+        """Every broken rule at once."""
+        p = []
+        if self.mode not in MODES:
+            p.append(f"mode = {self.mode!r}: must be one of {MODES}")
+        if self.mode == "closed" and (not self.concurrency or any(c < 1 for c in self.concurrency)):
+            p.append(f"concurrency = {self.concurrency}: each value must be an integer >= 1")
+        if self.mode == "open" and (not self.rate or any(not (r > 0 and math.isfinite(r)) for r in self.rate)):
+            p.append(f"rate = {self.rate}: each request rate must be > 0 requests/s")
+        if not self.burstiness > 0:
+            p.append(f"burstiness = {self.burstiness}: must be > 0 (1.0 = Poisson)")
+        for name in ("num_requests", "connections", "client_procs"):
+            if getattr(self, name) < 1:
+                p.append(f"{name} = {getattr(self, name)}: must be >= 1")
+        if self.warmup < 0:
+            p.append(f"warmup = {self.warmup}: must be >= 0")
+        for name in ("duration_s", "request_timeout_s", "drain_timeout_s", "max_schedule_lag_s"):
+            if not getattr(self, name) > 0:
+                p.append(f"{name} = {getattr(self, name)}: must be > 0")
+        for name in ("input_len", "output_len"):
+            try:
+                parse_length(getattr(self, name))
+            except ValueError as exc:
+                p.append(f"{name}: {exc}")
+        if self.fixed_output not in FIXED_OUTPUT:
+            p.append(f"fixed_output = {self.fixed_output!r}: must be one of {FIXED_OUTPUT}")
+        if not 0 < self.slo_attainment <= 1:
+            p.append(f"slo_attainment = {self.slo_attainment}: must be in (0, 1]")
+        for name in ("ttft", "tpot", "e2e"):
+            v = getattr(self.slo, name)
+            if v is not None and not v > 0:
+                p.append(f"slo {name} = {v}: must be > 0 seconds")
+        if self.dataset is not None and not Path(self.dataset).is_file():
+            p.append(f"dataset = {self.dataset}: file not found")
+        return p
+
+    def points(self) -> list[dict]:
+        """The sweep: one load shape per point."""
+        if self.mode == "closed":
+            return [{"mode": "closed", "concurrency": int(c)} for c in self.concurrency]
+        return [{"mode": "open", "rate": float(r), "burstiness": self.burstiness} for r in self.rate]
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        for k in ("dataset", "tokenizer_dir"):
+            d[k] = str(d[k]) if d[k] is not None else None
+        return d

@@ -1,0 +1,294 @@
+"""Send the requests: asyncio gRPC streams, closed or open loop, in one or several processes.
+
+Each connection is one ``tritonclient.grpc.aio`` client holding one bidirectional stream on
+which many requests are multiplexed by ``request_id`` (one active stream per client).
+Request protos are built before the clock starts, so the timed path only enqueues them and
+reads responses. The aio client's ``stream_infer`` cannot ask for an empty final response
+(the ``triton_`` parameter prefix is reserved there), so the stream is opened on the client's
+stub with requests built by tritonclient's own request builder plus that flag; this is the
+only private tritonclient API used.
+
+Closed loop: ``concurrency`` workers, each sends its next request when the previous one
+finished. Open loop: requests go at ``t0 + offset`` (absolute schedule); a late send does not
+delay later ones. Both stop after their requests or at ``duration_s``; requests still in
+flight then get ``drain_timeout_s`` to finish and are recorded as cut by the run's end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import multiprocessing as mp
+import queue
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pipeline.client import PERF_NAMES, build_inputs
+from pipeline.loadtest.metrics import RequestRecord
+from pipeline.loadtest.workload import RequestSpec
+
+
+@dataclass
+class ProcPlan:
+    """What one client process sends (picklable: crosses into spawned processes)."""
+
+    url: str
+    model: str
+    mode: str  # "closed" | "open"
+    items: list[tuple[int, float, RequestSpec]]  # (index, send offset s (open loop), payload)
+    concurrency: int = 1
+    connections: int = 1
+    duration_s: float = math.inf
+    request_timeout_s: float = 300.0
+    drain_timeout_s: float = 60.0
+    inputs: dict = field(default_factory=dict)  # end_id / min_tokens / return_perf_metrics
+    warmup: list[RequestSpec] = field(default_factory=list)
+
+
+@dataclass
+class ProcResult:
+    records: list[RequestRecord]
+    cpu_s: float
+    wall_s: float
+    not_sent: int
+    wall_minus_mono: float  # time.time() - time.monotonic() in this process (server ns -> client clock)
+
+
+def classify(message: str) -> str:
+    """An error message -> a kind for ``errors_by_kind``."""
+    m = message.lower()
+    for kind, keys in (("cancelled", ("cancel",)), ("timeout", ("timeout", "deadline")),
+                       ("unavailable", ("unavailable", "connect", "socket closed", "failed to")),
+                       ("invalid_request", ("invalid", "must be", "exceed", "unexpected", "not found", "expected"))):
+        if any(k in m for k in keys):
+            return kind
+    return "server_error"
+
+
+def build_request(model: str, rid: str, spec: RequestSpec, inputs: dict):
+    """The ModelInferRequest proto for one request, with an empty final response asked for."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.grpc._utils import _get_inference_request
+
+    extra = {k: v for k, v in inputs.items() if k not in ("end_id", "return_perf_metrics")}
+    if "min_tokens" in extra:
+        extra["min_tokens"] = int(spec.max_tokens)
+    ins = build_inputs(spec.prompt, spec.max_tokens, stream=True, end_id=inputs.get("end_id"),
+                       perf_metrics=bool(inputs.get("return_perf_metrics")), extra=extra)
+    outs = [grpcclient.InferRequestedOutput("num_output_tokens")]
+    if inputs.get("return_perf_metrics"):
+        outs += [grpcclient.InferRequestedOutput(n) for n in PERF_NAMES]
+    req = _get_inference_request(model_name=model, inputs=ins, model_version="", request_id=rid, outputs=outs,
+                                 sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+                                 timeout=None, parameters=None)
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    return req
+
+
+class Connection:
+    """One aio client with one stream; requests multiplexed by id."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc.aio as aioclient
+
+        self.client = aioclient.InferenceServerClient(url)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.pending: dict[str, tuple[RequestRecord, asyncio.Future]] = {}
+        self.call = None
+        self.reader = None
+
+    async def _requests(self):
+        while True:
+            req = await self.queue.get()
+            if req is None:
+                return
+            yield req
+
+    def open(self) -> None:
+        self.call = self.client._client_stub.ModelStreamInfer(self._requests(),
+                                                              metadata=self.client._get_metadata(None))
+        self.reader = asyncio.ensure_future(self._read())
+
+    def _finish(self, rid: str, now: float, error: str | None = None, kind: str | None = None) -> None:
+        rec, fut = self.pending.pop(rid)
+        if error is None:
+            rec.done = now
+        else:
+            rec.error, rec.error_kind = error, kind
+        if not fut.done():
+            fut.set_result(rec)
+
+    async def _read(self) -> None:
+        try:
+            async for resp in self.call:
+                now = time.monotonic()
+                ir = resp.infer_response
+                entry = self.pending.get(ir.id)
+                if entry is None:
+                    continue
+                rec = entry[0]
+                if resp.error_message:
+                    self._finish(ir.id, now, resp.error_message, classify(resp.error_message))
+                    continue
+                if ir.outputs:
+                    n = 0
+                    for i, out in enumerate(ir.outputs):
+                        if out.name == "num_output_tokens":
+                            n = int(np.frombuffer(ir.raw_output_contents[i], dtype="<i4").sum())
+                        elif out.name in PERF_NAMES:
+                            rec.server = rec.server or {}
+                            rec.server[out.name] = int.from_bytes(ir.raw_output_contents[i][:8], "little",
+                                                                  signed=True)
+                    rec.response_times.append(now)
+                    rec.response_tokens.append(n)
+                final = ir.parameters["triton_final_response"].bool_param \
+                    if "triton_final_response" in ir.parameters else False
+                if final:
+                    if not ir.outputs:
+                        rec.response_times.append(now)
+                        rec.response_tokens.append(0)
+                    self._finish(ir.id, now)
+        except Exception as exc:  # the stream broke: every request on it failed
+            msg = getattr(exc, "details", lambda: str(exc))() or str(exc)
+            now = time.monotonic()
+            for rid in list(self.pending):
+                self._finish(rid, now, f"stream failed: {msg}", classify(str(msg)))
+
+    async def send(self, rec: RequestRecord, req, timeout_s: float) -> RequestRecord:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[req.id] = (rec, fut)
+        rec.sent = time.monotonic()
+        self.queue.put_nowait(req)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+        except asyncio.TimeoutError:
+            if req.id in self.pending:
+                self._finish(req.id, time.monotonic(), f"no final response within {timeout_s:.0f} s", "timeout")
+            return rec
+
+    def abandon(self, kind: str, message: str) -> None:
+        now = time.monotonic()
+        for rid in list(self.pending):
+            self._finish(rid, now, message, kind)
+
+    async def close(self) -> None:
+        self.queue.put_nowait(None)
+        if self.call is not None:
+            self.call.cancel()
+        if self.reader is not None:
+            await asyncio.gather(self.reader, return_exceptions=True)
+        await self.client.close()
+
+
+async def _run(plan: ProcPlan, t0: float | None = None, ready=None) -> ProcResult:
+    conns = [Connection(plan.url) for _ in range(max(plan.connections, 1))]
+    for c in conns:
+        c.open()
+    protos = [build_request(plan.model, str(i), spec, plan.inputs) for i, _, spec in plan.items]
+    # Warm-up: excluded from statistics, run before the clock starts.
+    warm = [RequestRecord(-1 - k, 0.0, warmup=True, requested_tokens=s.max_tokens, input_tokens=s.input_tokens)
+            for k, s in enumerate(plan.warmup)]
+    wprotos = [build_request(plan.model, f"w{k}", s, plan.inputs) for k, s in enumerate(plan.warmup)]
+    for start in range(0, len(warm), max(plan.concurrency, 1)):
+        await asyncio.gather(*(conns[k % len(conns)].send(warm[k], wprotos[k], plan.request_timeout_s)
+                               for k in range(start, min(start + max(plan.concurrency, 1), len(warm)))))
+    if ready is not None:
+        t0 = await asyncio.get_running_loop().run_in_executor(None, ready)
+    t0 = t0 if t0 is not None else time.monotonic()
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    deadline = t0 + plan.duration_s
+    records = [RequestRecord(i, t0 + off, input_tokens=s.input_tokens, requested_tokens=s.max_tokens)
+               for i, off, s in plan.items]
+    tasks: list[asyncio.Task] = []
+    sent = 0
+    if plan.mode == "open":
+        for k, rec in enumerate(records):
+            delay = rec.scheduled - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if time.monotonic() >= deadline:
+                break
+            tasks.append(asyncio.ensure_future(conns[k % len(conns)].send(rec, protos[k], plan.request_timeout_s)))
+            sent += 1
+        pending = tasks
+    else:
+        nxt = iter(range(len(records)))
+
+        async def worker(w: int) -> None:
+            nonlocal sent
+            for k in nxt:
+                if time.monotonic() >= deadline:
+                    return
+                records[k].scheduled = time.monotonic()  # closed loop: scheduled = when the slot freed
+                sent += 1
+                await conns[w % len(conns)].send(records[k], protos[k], plan.request_timeout_s)
+
+        pending = [asyncio.ensure_future(worker(w)) for w in range(plan.concurrency)]
+    left = max(deadline - time.monotonic(), 0.0) + plan.drain_timeout_s
+    if pending:
+        await asyncio.wait(pending, timeout=left if math.isfinite(left) else None)
+    for c in conns:
+        c.abandon("cut_by_run_end", "still in flight when the run's duration and drain time ran out")
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for c in conns:
+        await c.close()
+    out = warm + [r for r in records if not math.isnan(r.sent)]
+    return ProcResult(out, cpu, wall, len(records) - sent, time.time() - time.monotonic())
+
+
+def run_plan(plan: ProcPlan) -> ProcResult:
+    """Run one plan in this process."""
+    return asyncio.run(_run(plan))
+
+
+def _proc_entry(plan: ProcPlan, results, ready_q, go, t0v) -> None:
+    """Spawned process: connect and warm up, report ready, wait for the shared t0, run, send back records."""
+    def ready() -> float:
+        ready_q.put(1)
+        go.wait()
+        return t0v.value
+
+    try:
+        results.put(asyncio.run(_run(plan, ready=ready)))
+    except BaseException as exc:  # re-raised by the parent
+        results.put(exc)
+
+
+def run_procs(plans: list[ProcPlan], start_margin_s: float = 0.2) -> list[ProcResult]:
+    """Run each plan in its own spawned process, all starting on one monotonic ``t0`` (CLOCK_MONOTONIC is system-wide)."""
+    if len(plans) == 1:
+        return [run_plan(plans[0])]
+    ctx = mp.get_context("spawn")
+    results, ready_q, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    t0v = ctx.Value("d", 0.0)
+    procs = [ctx.Process(target=_proc_entry, args=(p, results, ready_q, go, t0v), daemon=True) for p in plans]
+    for p in procs:
+        p.start()
+    ready, deadline = 0, time.monotonic() + 300
+    while ready < len(plans):
+        try:
+            ready += ready_q.get(timeout=0.5)
+        except queue.Empty:
+            dead = [p for p in procs if p.exitcode is not None]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                errs = []
+                while not results.empty():
+                    errs.append(results.get())
+                raise RuntimeError(f"client processes failed before starting: {errs or [p.exitcode for p in dead]}")
+    t0v.value = time.monotonic() + start_margin_s
+    go.set()
+    out = [results.get() for _ in plans]
+    for p in procs:
+        p.join(timeout=10)
+    errs = [r for r in out if isinstance(r, BaseException)]
+    if errs:
+        raise errs[0]
+    return out
+

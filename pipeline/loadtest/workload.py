@@ -1,0 +1,172 @@
+"""What each request sends: prompts and output lengths.
+
+Synthetic prompts are built with the served model's tokenizer (from the engine folder next
+to the repository) so their input lengths are exact in the model's tokens; each starts with
+the request's index, so no two share a prefix and KV-cache reuse stays off unless asked
+for. A JSONL dataset gives real prompts instead. Everything is seeded. Input lengths are
+counted with the tokenizer the way preprocessing does (special tokens included); output
+lengths are never counted here: the server's ``num_output_tokens`` does that.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.errors import PipelineError
+
+log = logging.getLogger("trtpipe")
+WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
+         "quebec romeo sierra tango uniform victor whiskey xray yankee zulu").split()
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request's payload."""
+
+    prompt: str
+    input_tokens: int
+    max_tokens: int
+
+
+@dataclass
+class Workload:
+    """The requests of one run, in send order, and how they were made."""
+
+    requests: list[RequestSpec]
+    description: dict
+
+
+def parse_length(text: str | int) -> tuple[str, tuple[float, ...]]:
+    """``128`` | ``uniform:LO:HI`` | ``normal:MEAN:STD`` -> (kind, params); raises ValueError with the forms."""
+    s = str(text).strip()
+    try:
+        if s.isdigit():
+            return "fixed", (int(s),)
+        kind, *params = s.split(":")
+        vals = tuple(float(p) for p in params)
+        if kind == "uniform" and len(vals) == 2 and 1 <= vals[0] <= vals[1]:
+            return kind, vals
+        if kind == "normal" and len(vals) == 2 and vals[0] >= 1 and vals[1] >= 0:
+            return kind, vals
+    except ValueError:
+        pass
+    raise ValueError(f"length {text!r}: use N (fixed), uniform:LO:HI or normal:MEAN:STD with lengths >= 1")
+
+
+def sample_lengths(spec: str | int, n: int, rng: np.random.Generator) -> list[int]:
+    kind, p = parse_length(spec)
+    if kind == "fixed":
+        return [int(p[0])] * n
+    if kind == "uniform":
+        return [int(x) for x in rng.integers(int(p[0]), int(p[1]) + 1, size=n)]
+    return [max(1, int(round(x))) for x in rng.normal(p[0], p[1], size=n)]
+
+
+class WordTokenizer:
+    """Stand-in when the served model has no tokenizer (the trivial model): one word = one token."""
+
+    name = "words (no tokenizer folder)"
+    vocab_size = None
+
+    def count(self, text: str) -> int:
+        return len(text.split())
+
+    def synth(self, index: int, n: int, rng: np.random.Generator) -> str:
+        words = [f"request-{index}"] + [WORDS[i] for i in rng.integers(0, len(WORDS), size=max(n - 1, 0))]
+        return " ".join(words[:max(n, 1)])
+
+
+class HFTokenizer:
+    """The served model's tokenizer (transformers, offline)."""
+
+    def __init__(self, folder: Path):
+        from transformers import AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        self.name = str(folder)
+        cfg = folder / "config.json"
+        vs = json.loads(cfg.read_text()).get("vocab_size") if cfg.is_file() else None
+        self.vocab_size = int(vs or len(self.tok))
+        toks = self.tok.convert_ids_to_tokens(list(range(len(self.tok))))
+        # Whole words with a leading-space marker decode and re-encode stably.
+        self.pool = np.array([i for i, t in enumerate(toks)
+                              if t and t[0] in "Ġ▁" and t[1:].isalpha() and t[1:].isascii() and len(t) > 2])
+        if self.pool.size < 100:
+            self.pool = np.arange(len(self.tok))
+
+    def count(self, text: str) -> int:
+        return len(self.tok.encode(text, add_special_tokens=True))
+
+    def synth(self, index: int, n: int, rng: np.random.Generator) -> str:
+        prefix = f"Request {index}:"
+        ids = list(rng.choice(self.pool, size=max(n, 1)))
+        text = prefix
+        for _ in range(4):  # trim until the re-encoded prompt has exactly n tokens (or fewer when n is tiny)
+            text = prefix + self.tok.decode(ids)
+            extra = self.count(text) - n
+            if extra <= 0 or not ids:
+                break
+            ids = ids[:max(len(ids) - extra, 0)]
+        return text
+
+
+def load_tokenizer(folder: Path | None):
+    """The tokenizer in ``folder``, or the word stand-in (logged) when there is none."""
+    if folder is not None and (Path(folder) / "tokenizer_config.json").is_file():
+        return HFTokenizer(Path(folder))
+    log.warning("no tokenizer in %s: counting input lengths in words (fine for the trivial model only)", folder)
+    return WordTokenizer()
+
+
+def synthetic(n: int, input_len: str, output_len: str, tokenizer, seed: int = 0, offset: int = 0) -> Workload:
+    """``n`` unique prompts with lengths drawn from ``input_len``/``output_len`` (see :func:`parse_length`)."""
+    rng = np.random.default_rng(seed)
+    ins, outs = sample_lengths(input_len, n, rng), sample_lengths(output_len, n, rng)
+    reqs = []
+    for i, (a, b) in enumerate(zip(ins, outs)):
+        text = tokenizer.synth(offset + i, a, rng)
+        reqs.append(RequestSpec(text, tokenizer.count(text), b))
+    return Workload(reqs, {"kind": "synthetic", "input_len": str(input_len), "output_len": str(output_len),
+                           "seed": seed, "tokenizer": tokenizer.name, "unique_prompts": True})
+
+
+PROMPT_KEYS = ("prompt", "text_input", "text", "input")
+OUTPUT_KEYS = ("output_len", "max_tokens", "output_tokens")
+
+
+def from_jsonl(path: Path, n: int, output_len: str, tokenizer, seed: int = 0) -> Workload:
+    """``n`` requests from a JSONL file (one object a line with a prompt field; optional output length field).
+
+    Prompts are shuffled with ``seed`` and reused in order when ``n`` exceeds the file.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PipelineError(f"dataset {path} not found: pass a JSONL file with one {{\"prompt\": ...}} a line")
+    rows = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise PipelineError(f"{path}:{lineno}: not JSON ({exc})") from exc
+        prompt = next((obj[k] for k in PROMPT_KEYS if isinstance(obj.get(k), str)), None)
+        if prompt is None:
+            raise PipelineError(f"{path}:{lineno}: no prompt field (one of {', '.join(PROMPT_KEYS)})")
+        rows.append((prompt, next((int(obj[k]) for k in OUTPUT_KEYS if k in obj), None)))
+    if not rows:
+        raise PipelineError(f"{path}: no prompts")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(rows))
+    outs = sample_lengths(output_len, n, rng)
+    reqs = []
+    for i in range(n):
+        prompt, out = rows[order[i % len(rows)]]
+        reqs.append(RequestSpec(prompt, tokenizer.count(prompt), out or outs[i]))
+    return Workload(reqs, {"kind": "dataset", "path": str(path), "rows": len(rows), "output_len": str(output_len),
+                           "seed": seed, "tokenizer": tokenizer.name})

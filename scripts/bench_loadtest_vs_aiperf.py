@@ -1,0 +1,113 @@
+"""Side by side: `trtpipe loadtest` vs aiperf on the same local server and workload.
+
+Starts the trivial streaming model (no compute, so the clients are what is measured), then
+for each request rate runs our open-loop Poisson load over gRPC and aiperf (its own venv)
+over Triton's HTTP /v2/models/ensemble/generate_stream SSE endpoint with the same request
+count, output length and arrival pattern. Prints a markdown table: TTFT p50, request and
+output-token throughput from both, and whether each client kept up with the offered rate.
+
+    /work/main/.venv/bin/python scripts/bench_loadtest_vs_aiperf.py --aiperf /work/aiperf-venv/bin/aiperf \
+        --rates 10,40,160 --seconds 4 --output-len 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pipeline.loadtest.api import run_loadtest  # noqa: E402
+from pipeline.loadtest.config import LoadTestConfig  # noqa: E402
+from pipeline.loadtest.selfcheck import trivial_server  # noqa: E402
+
+TEMPLATE = '{"text_input": {{ text|tojson }}, "max_tokens": {{ max_tokens }}, "stream": true}'
+
+
+def ours(url: str, rate: float, n: int, out_len: int) -> dict:
+    rep = run_loadtest(LoadTestConfig(url=url, mode="open", rate=[rate], num_requests=n, input_len="16",
+                                      output_len=str(out_len), warmup=4, perf_metrics=False))
+    s, p = rep["points"][0]["summary"], rep["points"][0]
+    return {"ttft_p50_ms": s["ttft_s"]["p50"] * 1e3, "req_s": s["request_throughput"],
+            "tok_s": s["output_token_throughput"], "failed": s["requests"]["failed"],
+            "valid": p["validity"]["valid"], "lag_p95_ms": s["schedule_lag_s"]["p95"] * 1e3}
+
+
+def _stat(d: dict, *names, q="avg"):
+    for n in names:
+        if n in d and isinstance(d[n], dict):
+            return d[n].get(q, d[n].get("avg"))
+    return None
+
+
+def aiperf(binary: str, http_url: str, rate: float, n: int, out_len: int, tokenizer: str, work: Path) -> dict:
+    art = work / f"aiperf-{rate:g}"
+    cmd = [binary, "profile", "--model", "ensemble", "--url", f"http://{http_url}", "--endpoint-type", "template",
+           "--custom-endpoint", "/v2/models/ensemble/generate_stream", "--streaming",
+           "--extra-inputs", json.dumps({"payload_template": TEMPLATE, "response_field": "text_output"}),
+           "--tokenizer", tokenizer, "--request-rate", str(rate), "--arrival-pattern", "poisson",
+           "--request-count", str(n), "--warmup-request-count", "4",
+           "--prompt-input-tokens-mean", "16", "--prompt-input-tokens-stddev", "0",
+           "--prompt-output-tokens-mean", str(out_len), "--prompt-output-tokens-stddev", "0",
+           "--ui-type", "none", "--output-artifact-dir", str(art), "--random-seed", "0"]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    found = list(art.rglob("profile_export_aiperf.json"))
+    if proc.returncode != 0 or not found:
+        return {"error": (proc.stderr or proc.stdout)[-800:], "wall_s": time.monotonic() - t}
+    d = json.loads(found[0].read_text())
+    d = d.get("records", d)
+    ttft = _stat(d, "time_to_first_token", "ttft", q="p50")
+    return {"ttft_p50_ms": ttft, "req_s": _stat(d, "request_throughput"),
+            "tok_s": _stat(d, "output_token_throughput"), "failed": _stat(d, "error_request_count") or 0,
+            "wall_s": time.monotonic() - t}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--aiperf", default="/work/aiperf-venv/bin/aiperf")
+    ap.add_argument("--rates", default="10,40,160")
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--output-len", type=int, default=16)
+    ap.add_argument("--tokenizer", default="/work/main/build/smollm2-135m/cpu/engine",
+                    help="for aiperf's token counting (the trivial model sends ' tok' = 1 token per response)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, trivial_server(Path(tmp)) as (grpc_url, _metrics):
+        http_url = grpc_url.rsplit(":", 1)[0] + ":" + _http_port(Path(tmp))
+        for rate in (float(r) for r in args.rates.split(",")):
+            n = int(max(20, min(rate * args.seconds, 400)))
+            a = ours(grpc_url, rate, n, args.output_len)
+            b = aiperf(args.aiperf, http_url, rate, n, args.output_len, args.tokenizer, Path(tmp))
+            rows.append({"rate": rate, "n": n, "trtpipe": a, "aiperf": b})
+            print(json.dumps(rows[-1]), flush=True)
+    print("\n| rate req/s | n | trtpipe TTFT p50 ms | aiperf TTFT p50 ms | trtpipe req/s | aiperf req/s | "
+          "trtpipe out tok/s | aiperf out tok/s | trtpipe valid (lag p95 ms) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    f = lambda x, nd=1: "-" if x is None else f"{x:.{nd}f}"  # noqa: E731
+    for r in rows:
+        a, b = r["trtpipe"], r["aiperf"]
+        print(f"| {r['rate']:g} | {r['n']} | {f(a['ttft_p50_ms'], 2)} | {f(b.get('ttft_p50_ms'), 2)} | "
+              f"{f(a['req_s'])} | {f(b.get('req_s'))} | {f(a['tok_s'])} | {f(b.get('tok_s'))} | "
+              f"{a['valid']} ({f(a['lag_p95_ms'], 2)}) |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def _http_port(tmp: Path) -> str:
+    log = next(tmp.rglob("tritonserver-*.log"))
+    for line in log.read_text().splitlines():
+        if "Started HTTPService at" in line:
+            return line.rsplit(":", 1)[1].strip().strip('"')
+    raise RuntimeError(f"no HTTP port in {log}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

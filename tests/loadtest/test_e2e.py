@@ -1,0 +1,111 @@
+"""End to end against the real tritonserver: the trivial-stream repository (runs in CI), and
+the SmolLM2 build (marked e2e; needs the lead's ``built_default`` fixture)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.loadtest.api import LoadTestError, run_loadtest
+from pipeline.loadtest.config import LoadTestConfig
+from pipeline.loadtest.report import compare, load, write_reports
+from pipeline.loadtest.selfcheck import selfcheck
+from pipeline.serve import free_ports
+
+PLOTS = ("throughput_latency.png", "ttft_itl.png", "tokens_over_time.png")
+
+
+def _complete(out: Path, n_points: int) -> dict:
+    rep = json.loads((out / "report.json").read_text())
+    assert len(rep["points"]) == n_points
+    for p in PLOTS:
+        assert (out / p).stat().st_size > 1000
+    assert len((out / "summary.csv").read_text().splitlines()) == n_points + 1
+    for p in rep["points"]:
+        s = p["summary"]
+        assert s["requests"]["failed"] == 0
+        assert s["achieved_lengths"]["exact_fraction"] == 1.0  # trivial model: exactly max_tokens each
+        assert s["ttft_s"]["n"] == s["requests"]["completed"] and s["server_side"]["ttft_s"]["n"] > 0
+        assert all(r["server"] for r in p["requests"] if not r["warmup"])
+        assert p["server_metrics"]["counter_deltas"]  # Triton's nv_inference_* moved
+    return rep
+
+
+def test_closed_loop_sweep_report(trivial, tmp_path):
+    url, metrics = trivial
+    cfg = LoadTestConfig(url=url, metrics_url=metrics, mode="closed", concurrency=[1, 4], num_requests=12,
+                         input_len="8", output_len="uniform:2:6", warmup=1)
+    rep = run_loadtest(cfg)
+    write_reports(rep, tmp_path)
+    rep = _complete(tmp_path, 2)
+    toks = [r["output_tokens"] for r in rep["points"][1]["requests"] if not r["warmup"]]
+    assert toks == [r["requested_tokens"] for r in rep["points"][1]["requests"] if not r["warmup"]]
+
+
+def test_open_loop_cli_and_compare(trivial, tmp_path, capsys):
+    url, metrics = trivial
+    args = ["loadtest", "run", "--url", url, "--metrics-url", metrics, "--rate", "10,20", "--burstiness", "0.5",
+            "--num-requests", "12", "--output-len", "4", "--input-len", "8", "--slo-ttft-ms", "500"]
+    assert main(args + ["-o", str(tmp_path / "a")]) == 0
+    rep = _complete(tmp_path / "a", 2)
+    assert rep["points"][0]["summary"]["schedule_lag_s"]["n"] == 12
+    assert rep["verdict"]["passed"]
+    assert main(args + ["-o", str(tmp_path / "b"), "--ignore-eos"]) == 0
+    assert load(tmp_path / "b" / "report.json")["request_inputs"]["end_id"] > 0
+    capsys.readouterr()
+    assert main(["loadtest", "compare", str(tmp_path / "a" / "report.json"), str(tmp_path / "b" / "report.json")]) == 0
+    assert "TTFT p50" in capsys.readouterr().out
+
+
+def test_slo_miss_exits_1(trivial, tmp_path):
+    url, _ = trivial
+    assert main(["loadtest", "run", "--url", url, "--concurrency", "2", "--num-requests", "4", "--output-len", "3",
+                 "--slo-e2e-ms", "0.001", "--no-plots", "-o", str(tmp_path)]) == 1
+
+
+def test_selfcheck_reports_a_ceiling(trivial):
+    url, metrics = trivial
+    res = selfcheck([10.0, 20.0], output_len=4, seconds_per_rate=1.0, url=url, metrics_url=metrics, min_requests=10)
+    assert res["ceiling_rps"] == 20.0 and all(r["kept_up"] for r in res["rows"])
+
+
+def test_client_bound_run_is_marked_invalid(trivial, tmp_path):
+    url, _ = trivial
+    cfg = LoadTestConfig(url=url, mode="open", rate=[50.0], num_requests=10, output_len="2", input_len="4",
+                         ceiling_rps=5.0)
+    rep = run_loadtest(cfg)
+    assert rep["verdict"]["invalid_points"] == [0]
+    assert "ceiling" in rep["points"][0]["validity"]["reasons"][0]
+
+
+def test_bad_arguments_give_clear_errors(trivial, capsys):
+    url, _ = trivial
+    with pytest.raises(LoadTestError, match="not in the server's repository"):
+        run_loadtest(LoadTestConfig(url=url, model="nope"))
+    with pytest.raises(LoadTestError, match="fixed_output"):
+        run_loadtest(LoadTestConfig(url=url, fixed_output="bogus"))
+    port = free_ports(1)[0]
+    with pytest.raises(LoadTestError, match="cannot reach Triton"):
+        run_loadtest(LoadTestConfig(url=f"127.0.0.1:{port}"))
+    assert main(["loadtest", "run", "--url", url, "--rate", "-3"]) == 2
+    assert "rate" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_smollm2_closed_and_open(request, tmp_path):
+    try:
+        built = request.getfixturevalue("built_default")
+    except pytest.FixtureLookupError:
+        pytest.skip("needs the built_default fixture (tests/conftest.py) with the SmolLM2 build")
+    build_dir = Path(getattr(built, "build_dir", built))
+    repo = build_dir / "model_repo" if (build_dir / "model_repo").is_dir() else build_dir
+    for shape in (["--concurrency", "2"], ["--rate", "1"]):
+        out = tmp_path / shape[0].strip("-")
+        assert main(["loadtest", "run", "--model-repo", str(repo), *shape, "--num-requests", "4", "--warmup", "1",
+                     "--input-len", "16", "--output-len", "8", "--ignore-eos", "--allow-invalid",
+                     "-o", str(out)]) == 0
+        rep = json.loads((out / "report.json").read_text())
+        s = rep["points"][0]["summary"]
+        assert s["requests"]["completed"] == 4 and s["achieved_lengths"]["exact_fraction"] == 1.0
+        assert rep["manifest"] is not None and all((out / p).is_file() for p in PLOTS)
