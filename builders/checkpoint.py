@@ -5,7 +5,11 @@ local to each PP rank), tensor parallelism (column-parallel layers are split on 
 dim, row-parallel on the input dim, K/V heads duplicated when ``num_key_value_heads <
 tp_size``, vocab padded to a multiple of tp for the embedding and lm_head), and
 quantization (FP8 per-tensor scales; W4A16/W4A8 AWQ packed INT4 with per-group scales and
-the AWQ pre-quant scale folded into the weight). The result is float32 tensors under HF
+the AWQ pre-quant scale folded into the weight; W4A8 also rounds the dequantized INT4 values
+through FP8 with the per-tensor ``weights_scaling_factor_2``, as ModelOpt's fake quantization
+does; INT8 SmoothQuant per-channel scales and smoothing vectors). Activation and KV-cache
+scaling factors (``activation_scaling_factor``, ``kv_cache_scaling_factor``) do not change
+weights and are ignored. The result is float32 tensors under HF
 names, so the served or evaluated model carries exactly the checkpoint's quantization error.
 
 Formats: TensorRT-LLM ``tensorrt_llm/models/llama`` checkpoint layout and ModelOpt 0.47
@@ -97,6 +101,11 @@ def dequantize_linear(tensors: dict[str, torch.Tensor], prefix: str, quant_algo:
         if s.shape[0] != q.shape[0]:  # some exporters store (in/group, out)
             s = s.T
         out = q * s.repeat_interleave(group_size, dim=1)[:, :q.shape[1]]
+        s2 = tensors.get(f"{prefix}.weights_scaling_factor_2")
+        if quant_algo == "W4A8_AWQ" and s2 is not None:
+            # The W4A8 kernel feeds FP8 weights to the GEMM: q*s is rounded to FP8 in units of s2.
+            s2 = s2.to(torch.float32)
+            out = (out / s2).to(torch.float8_e4m3fn).to(torch.float32) * s2
     elif w.dtype == torch.int8 and scale is not None:  # INT8 per-channel (SmoothQuant / W8A16)
         s = scale.to(torch.float32)
         out = w.to(torch.float32) * (s.reshape(-1, 1) if s.numel() == w.shape[0] else s)
@@ -127,8 +136,15 @@ def _merge_kv(shards: list[torch.Tensor], num_kv_heads: int, tp: int) -> torch.T
     return torch.cat([shards[h * ranks_per_head] for h in range(num_kv_heads)], dim=0)
 
 
-def to_hf_state_dict(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
+def to_hf_state_dict(ckpt_dir: str | Path, vocab_size: int | None = None
+                     ) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
     """Merge all rank shards of a Llama-family checkpoint and dequantize them into HF names.
+
+    Args:
+        ckpt_dir: the checkpoint folder.
+        vocab_size: the source model's vocabulary. ModelOpt pads the embedding and lm_head of
+            AWQ exports to a multiple of 64 and writes the padded size into config.json; the
+            padded rows are cut off here. None keeps config.json's ``vocab_size``.
 
     Returns:
         (state_dict with float32 tensors named like ``LlamaForCausalLM.state_dict()``, info).
@@ -138,6 +154,10 @@ def to_hf_state_dict(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], Che
     """
     ckpt_dir = Path(ckpt_dir)
     info = CheckpointInfo.read(ckpt_dir)
+    if vocab_size is not None and vocab_size > info.vocab_size:
+        raise StageError(f"{ckpt_dir}: checkpoint vocab_size {info.vocab_size} is smaller than the source "
+                         f"model's {vocab_size}")
+    vocab = vocab_size or info.vocab_size
     tp, pp = info.tp_size, info.pp_size
     if info.num_layers % pp:
         raise StageError(f"num_hidden_layers {info.num_layers} is not divisible by pp_size {pp}")
@@ -186,11 +206,11 @@ def to_hf_state_dict(ckpt_dir: str | Path) -> tuple[dict[str, torch.Tensor], Che
             emb = torch.cat([s["transformer.vocab_embedding.weight"] for s in first], dim=emb_dim)
         else:
             emb = first[0]["transformer.vocab_embedding.weight"]
-        sd["model.embed_tokens.weight"] = emb[:info.vocab_size].float()
+        sd["model.embed_tokens.weight"] = emb[:vocab].float()
         sd["model.norm.weight"] = last[0]["transformer.ln_f.weight"].float()
         lm = [dequantize_linear(s, "lm_head", qa, gs) for s in last] if "lm_head.weight" in last[0] else None
         if lm is not None:
-            sd["lm_head.weight"] = torch.cat(lm, dim=0)[:info.vocab_size]
+            sd["lm_head.weight"] = torch.cat(lm, dim=0)[:vocab]
     except KeyError as exc:
         raise StageError(f"{ckpt_dir}: tensor {exc} missing from the checkpoint") from exc
     return sd, info

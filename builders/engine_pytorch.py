@@ -39,12 +39,11 @@ def build_pytorch_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, build_c
     Raises:
         StageError: the checkpoint does not map onto the source architecture.
     """
-    sd, info = to_hf_state_dict(ckpt_dir)
     hf_cfg = json.loads((hf_dir / "config.json").read_text())
-    if hf_cfg.get("vocab_size") != info.vocab_size or hf_cfg.get("num_hidden_layers") != info.num_layers:
-        raise StageError("checkpoint and source model disagree on vocab_size/num_hidden_layers: "
-                         f"{info.vocab_size}/{info.num_layers} vs {hf_cfg.get('vocab_size')}/"
-                         f"{hf_cfg.get('num_hidden_layers')}")
+    sd, info = to_hf_state_dict(ckpt_dir, vocab_size=hf_cfg.get("vocab_size"))
+    if hf_cfg.get("num_hidden_layers") != info.num_layers:
+        raise StageError("checkpoint and source model disagree on num_hidden_layers: "
+                         f"{info.num_layers} vs {hf_cfg.get('num_hidden_layers')}")
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(info.config.get("dtype"), torch.float16)
     tied = bool(hf_cfg.get("tie_word_embeddings"))
     if tied and "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"]):

@@ -61,8 +61,12 @@ def modelopt_config(quant_algo: str, group_size: int, kv_cache_quant_algo: str |
 
     recipe = QUANT_RECIPES[quant_algo]
     if recipe.modelopt_cfg is None:
-        return None
-    cfg = copy.deepcopy(getattr(mtq, recipe.modelopt_cfg))
+        if not kv_cache_quant_algo:
+            return None
+        # Unquantized weights with a quantized KV cache: disable every quantizer, then enable the KV ones.
+        cfg = {"quant_cfg": [{"quantizer_name": "*", "enable": False}], "algorithm": "max"}
+    else:
+        cfg = copy.deepcopy(getattr(mtq, recipe.modelopt_cfg))
     if recipe.uses_group_size:
         for entry in _quant_entries(cfg):
             name, qcfg = entry
@@ -108,6 +112,80 @@ def rope_fields(hf_config) -> dict:
     return out
 
 
+def needs_calibration(quant_algo: str, kv_cache_quant_algo: str | None) -> bool:
+    """Whether ModelOpt runs a calibration forward loop (a quantized KV cache needs one too)."""
+    return QUANT_RECIPES[quant_algo].needs_calibration_data or bool(kv_cache_quant_algo)
+
+
+def quantize_model(model, *, quant_algo: str, group_size: int, kv_cache_quant_algo: str | None,
+                   calib_samples: list[list[int]], progress: Callable[[str, int], Any] | None = None) -> dict:
+    """Quantize ``model`` in place with ModelOpt (fake-quant modules with calibrated scales).
+
+    Returns:
+        dict with ``calibration_s``, ``calibration_peak_rss_mib`` and ``calibration_samples``.
+
+    Raises:
+        StageError: ModelOpt refused the model/recipe (message names the cause).
+    """
+    import modelopt.torch.quantization as mtq
+    import torch
+
+    from pipeline.fsutil import measure
+
+    cfg = modelopt_config(quant_algo, group_size, kv_cache_quant_algo)
+    device = next(model.parameters()).device
+    with measure("calibration") as timing:
+        if cfg is not None:
+            passes = {"n": 0}
+
+            def forward_loop(m):
+                passes["n"] += 1
+                bar = progress(f"calibration pass {passes['n']}", len(calib_samples)) if progress else None
+                with torch.no_grad():
+                    for ids in calib_samples:
+                        m(torch.tensor([ids], device=device))
+                        if bar is not None:
+                            bar.update(1)
+                if bar is not None:
+                    bar.close()
+
+            try:
+                mtq.quantize(model, cfg, forward_loop)
+            except Exception as exc:
+                raise StageError(f"ModelOpt quantization ({quant_algo}) failed: {exc}") from exc
+    return {"calibration_s": round(timing.wall_s, 3),
+            "calibration_peak_rss_mib": round(timing.peak_rss_bytes / 2**20, 1),
+            "calibration_samples": len(calib_samples) if cfg is not None else 0}
+
+
+def export_checkpoint(model, out_dir: Path, *, quant_algo: str, group_size: int, dtype: str, tp_size: int,
+                      pp_size: int, decoder_type: str) -> dict:
+    """Export a (quantized) model as a TensorRT-LLM checkpoint for ``tp_size`` x ``pp_size`` ranks.
+
+    Returns:
+        dict with ``export_s`` and ``patched`` (config.json keys the pipeline had to fill in).
+
+    Raises:
+        StageError: ModelOpt's exporter refused the model (message names the cause).
+    """
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    t1 = time.perf_counter()
+    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    try:
+        with torch.inference_mode():
+            export_tensorrt_llm_checkpoint(model, decoder_type, torch_dtype, str(out_dir),
+                                           inference_tensor_parallel=tp_size,
+                                           inference_pipeline_parallel=pp_size)
+    except Exception as exc:
+        raise StageError(f"ModelOpt export to a TensorRT-LLM checkpoint (tp={tp_size}, pp={pp_size}, "
+                         f"{quant_algo}, group_size={group_size}) failed: {exc}") from exc
+    export_s = time.perf_counter() - t1
+    patched = patch_checkpoint_config(Path(out_dir) / "config.json", model.config)
+    return {"export_s": round(export_s, 3), "patched": patched}
+
+
 def quantize_to_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, group_size: int,
                            kv_cache_quant_algo: str | None, dtype: str, tp_size: int, pp_size: int,
                            decoder_type: str, calib_samples: list[list[int]],
@@ -127,57 +205,24 @@ def quantize_to_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, grou
         progress: optional factory ``progress(description, total)`` returning a tqdm-like bar.
 
     Returns:
-        dict with ``calibration_s``, ``export_s``, ``device``, ``modelopt_version``, ``patched``
-        (config.json keys the pipeline had to fill in after export).
+        dict with ``calibration_s``, ``calibration_peak_rss_mib``, ``export_s``, ``device``,
+        ``modelopt_version``, ``patched`` (config.json keys the pipeline had to fill in after export).
 
     Raises:
         StageError: ModelOpt refused the model/recipe (message names the cause).
     """
     import modelopt
-    import modelopt.torch.quantization as mtq
     import torch
-    from modelopt.torch.export import export_tensorrt_llm_checkpoint
     from transformers import AutoModelForCausalLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32 if device == "cpu" else torch.float16)
     model.to(device).eval()
-    cfg = modelopt_config(quant_algo, group_size, kv_cache_quant_algo)
-    t0 = time.perf_counter()
-    if cfg is not None:
-        passes = {"n": 0}
-
-        def forward_loop(m):
-            passes["n"] += 1
-            bar = progress(f"calibration pass {passes['n']}", len(calib_samples)) if progress else None
-            with torch.no_grad():
-                for ids in calib_samples:
-                    m(torch.tensor([ids], device=device))
-                    if bar is not None:
-                        bar.update(1)
-            if bar is not None:
-                bar.close()
-
-        try:
-            mtq.quantize(model, cfg, forward_loop)
-        except Exception as exc:
-            raise StageError(f"ModelOpt quantization ({quant_algo}) failed: {exc}") from exc
-    calib_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    try:
-        with torch.inference_mode():
-            export_tensorrt_llm_checkpoint(model, decoder_type, torch_dtype, str(out_dir),
-                                           inference_tensor_parallel=tp_size,
-                                           inference_pipeline_parallel=pp_size)
-    except Exception as exc:
-        raise StageError(f"ModelOpt export to a TensorRT-LLM checkpoint (tp={tp_size}, pp={pp_size}, "
-                         f"{quant_algo}, group_size={group_size}) failed: {exc}") from exc
-    export_s = time.perf_counter() - t1
-    patched = patch_checkpoint_config(out_dir / "config.json", model.config)
-    return {"calibration_s": round(calib_s, 3), "export_s": round(export_s, 3), "device": device,
-            "modelopt_version": modelopt.__version__, "patched": patched,
-            "calibration_samples": len(calib_samples) if cfg is not None else 0}
+    calib = quantize_model(model, quant_algo=quant_algo, group_size=group_size,
+                           kv_cache_quant_algo=kv_cache_quant_algo, calib_samples=calib_samples, progress=progress)
+    exported = export_checkpoint(model, out_dir, quant_algo=quant_algo, group_size=group_size, dtype=dtype,
+                                 tp_size=tp_size, pp_size=pp_size, decoder_type=decoder_type)
+    return {**calib, **exported, "device": device, "modelopt_version": modelopt.__version__}
 
 
 def patch_checkpoint_config(config_path: Path, hf_config) -> dict:
@@ -185,7 +230,9 @@ def patch_checkpoint_config(config_path: Path, hf_config) -> dict:
 
     transformers 5 keeps ``rope_theta`` inside ``rope_parameters``; the exporter looks for a
     ``rotary_base`` attribute, finds none and writes nothing, so TensorRT-LLM would fall back
-    to 10000 (SmolLM2 uses 100000): wrong positions, garbage text. Returns the keys set.
+    to 10000 (SmolLM2 uses 100000): wrong positions, garbage text. A W4A16_AWQ export without
+    any ``prequant_scaling_factor`` (round-to-nearest int4_rtn) gets ``pre_quant_scale: false``.
+    Returns the keys set.
     """
     cfg = json.loads(config_path.read_text())
     patched = {}
@@ -193,7 +240,20 @@ def patch_checkpoint_config(config_path: Path, hf_config) -> dict:
         if cfg.get(key) != value:
             patched[key] = {"exported": cfg.get(key), "written": value}
             cfg[key] = value
+    quant = cfg.get("quantization") or {}
+    if quant.get("pre_quant_scale") and not _has_prequant_scales(config_path.parent):
+        # Round-to-nearest INT4 (int4_rtn) exports as W4A16_AWQ without any prequant_scaling_factor;
+        # TensorRT-LLM would expect one per layer when pre_quant_scale is true.
+        patched["quantization.pre_quant_scale"] = {"exported": True, "written": False}
+        quant["pre_quant_scale"] = False
     if patched:
         config_path.write_text(json.dumps(cfg, indent=4) + "\n")
         log.info("checkpoint config.json: filled in %s from the HF config", sorted(patched))
     return patched
+
+
+def _has_prequant_scales(ckpt_dir: Path) -> bool:
+    from safetensors import safe_open
+
+    with safe_open(str(ckpt_dir / "rank0.safetensors"), framework="pt") as f:
+        return any(k.endswith(".prequant_scaling_factor") for k in f.keys())

@@ -7,7 +7,7 @@ folder is written under a temporary name and renamed when complete, so a folder 
 exists is a finished stage. A rerun whose key matches reuses the folder and says so; a
 changed field reruns only the stages downstream of it.
 
-Outputs: ``build/<name>/<target>/{checkpoint,engine,model_repo}/`` and ``manifest.json``.
+Outputs: ``build/<name>/<target>/{checkpoint,verify,engine,model_repo}/`` and ``manifest.json``.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
         variant: suffix of the target folder (e.g. the ``--quant`` override) so variants coexist.
         force: rerun every stage even when its key matches.
         progress: show progress bars for calibration.
-        stop_after: ``checkpoint``/``engine`` to stop early.
+        stop_after: ``checkpoint``/``verify``/``engine`` to stop early.
 
     Raises:
         SpecError: the spec contradicts the target or the model (before any heavy work).
@@ -157,8 +157,14 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     manifest["stages"]["model"] = {"path": str(hf_dir), "timing": t_model.as_dict()}
 
     results = [_checkpoint_stage(build, hf_dir, digest, out, versions, force, progress)]
+    ckpt = results[0]
+    manifest["calibration"] = {k: ckpt.info.get(k) for k in ("calibration_s", "calibration_peak_rss_mib",
+                                                             "calibration_samples")}
     if stop_after != "checkpoint":
-        results.append(_engine_stage(build, target, hf_dir, results[-1], out, versions, force, progress))
+        if _checkpoint_format(build) == "trtllm":  # the unified HF export (llmapi) has no rank shards to read
+            results.append(_verify_stage(build, hf_dir, ckpt, out, force))
+    if stop_after not in ("checkpoint", "verify"):
+        results.append(_engine_stage(build, target, hf_dir, ckpt, out, versions, force, progress))
         if stop_after != "engine" and results[-1].name != "bundle":
             results.append(_package_stage(build, target, results[-1], out, force))
     if results[-1].name == "bundle":
@@ -174,14 +180,18 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     return manifest
 
 
+def _checkpoint_format(build: ResolvedBuild) -> str:
+    """``hf_unified`` (ModelOpt unified HF export) for the LLM-API runtime, else the TensorRT-LLM checkpoint."""
+    return "hf_unified" if build.settings.runtime == "trtllm-llmapi" else "trtllm"
+
+
 def _checkpoint_stage(build, hf_dir, digest, out, versions, force, progress) -> StageResult:
     from builders.calibration import token_windows
-    from builders.quantize import QUANT_RECIPES, quantize_to_checkpoint
+    from builders.quantize import needs_calibration, quantize_to_checkpoint
 
     s = build.settings
     q = s.quantization
-    recipe = QUANT_RECIPES[q.quant_algo]
-    fmt = "hf_unified" if s.runtime == "trtllm-llmapi" else "trtllm"
+    fmt = _checkpoint_format(build)
     key = stage_key(stage="checkpoint", format=fmt, source=digest, quant=q.model_dump(mode="json"), dtype=s.dtype,
                     tp=s.parallelism.tp_size, pp=s.parallelism.pp_size, decoder=build.model.decoder_type,
                     modelopt=versions["nvidia-modelopt"], torch=versions["torch"],
@@ -189,7 +199,7 @@ def _checkpoint_stage(build, hf_dir, digest, out, versions, force, progress) -> 
 
     def produce(tmp: Path) -> dict:
         samples: list = []
-        if recipe.needs_calibration_data:
+        if needs_calibration(q.quant_algo, q.kv_cache_quant_algo):
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(str(hf_dir))
@@ -209,6 +219,32 @@ def _checkpoint_stage(build, hf_dir, digest, out, versions, force, progress) -> 
             progress=_progress_factory(progress))
 
     return run_stage("checkpoint", out / "checkpoint", key, produce, force=force)
+
+
+def _verify_stage(build, hf_dir, ckpt: StageResult, out, force) -> StageResult:
+    """Dequantize + merge the checkpoint, score it against the source, apply ``gates`` (verify/verify.json).
+
+    A failed gate raises before the folder is renamed into place, and a verify folder left by
+    an earlier run with other inputs is removed, so no stale verdict survives a failure.
+    """
+    import shutil
+
+    from builders.verify import verify_checkpoint
+
+    s = build.settings
+    key = stage_key(stage="verify", checkpoint=ckpt.key, gates=s.gates.model_dump(mode="json"),
+                    dataset=s.quantization.calibration.dataset)
+
+    def produce(tmp: Path) -> dict:
+        report = verify_checkpoint(ckpt.path, hf_dir, s.gates, dataset=s.quantization.calibration.dataset,
+                                   out_json=tmp / "verify.json")
+        return {"metrics": report["metrics"], "gates": report["gates"], "passed": report["passed"]}
+
+    try:
+        return run_stage("verify", out / "verify", key, produce, force=force)
+    except StageError:
+        shutil.rmtree(out / "verify", ignore_errors=True)
+        raise
 
 
 def _build_config(build: ResolvedBuild) -> dict:

@@ -72,6 +72,24 @@ def cmd_build(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    from builders.verify import format_table
+    from pipeline.build import run_build
+
+    build = _resolve(args)
+    manifest = run_build(build, out_root=args.out, variant=args.quant, force=args.force,
+                         progress=not args.no_progress, stop_after="verify")
+    out = _build_path(args, build)
+    report = json.loads((out / "verify" / "verify.json").read_text())
+    q = build.settings.quantization
+    print(f"\nverify {build.name} for {build.target}: {q.quant_algo} (kv cache {q.kv_cache_quant_algo or 'model dtype'}),"
+          f" tp={report['mapping']['tp_size']} pp={report['mapping']['pp_size']}, "
+          f"{report['evaluation']['samples']} x {report['evaluation']['seq_len']} held-out tokens")
+    print(format_table(report))
+    print(f"report: {out / 'verify' / 'verify.json'} ({'cached' if manifest['stages']['verify']['cached'] else 'new'})")
+    return 0
+
+
 def cmd_plan(args) -> int:
     from pipeline import preflight
     from pipeline.plan import make_plan, read_hf_config
@@ -226,6 +244,16 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--force", action="store_true", help="rerun every stage even when up to date")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.set_defaults(func=cmd_build)
+
+    v = sub.add_parser("verify", help="quantize (if needed) and score the checkpoint against the source model",
+                       description="Build the checkpoint stage, read its rank shards back into the source "
+                                   "architecture and compare it with the source on held-out text: perplexity, "
+                                   "top-1 agreement, KL, max logit error. Fails (exit 2) when a `gates:` "
+                                   "threshold is exceeded.")
+    _add_build_args(v)
+    v.add_argument("--force", action="store_true", help="rerun the stages even when up to date")
+    v.add_argument("--no-progress", action="store_true", help="no progress bars")
+    v.set_defaults(func=cmd_verify)
 
     pl = sub.add_parser("plan", help="check every rule for a target and print the memory/capability plan",
                         description="Check the spec, the target and the model's config.json (no weights) against "

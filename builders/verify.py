@@ -1,0 +1,179 @@
+"""Verify a TensorRT-LLM checkpoint against its source model before any GPU time is spent.
+
+The rank shards are merged and dequantized back into the source architecture
+(:func:`builders.checkpoint.to_hf_state_dict`), and both models score the same held-out text
+(the ``evaluation`` split of :mod:`builders.calibration`, never seen by calibration):
+
+- ``perplexity`` of each model (next-token NLL over every position but the last of each window);
+- ``top1_agreement``: share of positions whose argmax token is the same;
+- ``mean_kl``: mean KL(source || quantized) in nats per token;
+- ``max_logit_error``: largest absolute logit difference.
+
+What this measures is the *weight* error of the checkpoint (what the ``pytorch`` runtime
+serves): activation and KV-cache quantization (FP8/INT8 activation scales, FP8 KV cache) only
+act inside a TensorRT-LLM engine and are not simulated here.
+
+The gates (``gates.max_perplexity_delta_pct``, ``gates.min_top1_agreement``,
+``gates.max_mean_kl``) turn the numbers into a pass/fail verdict: :func:`check_gates` raises
+:class:`GateError` naming every exceeded field, its measured value and its threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline.errors import StageError
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One threshold: the YAML field, the metric it reads and the direction that passes."""
+
+    field: str
+    metric: str
+    higher_is_better: bool
+
+
+GATES: tuple[Gate, ...] = (
+    Gate("max_perplexity_delta_pct", "perplexity_delta_pct", False),
+    Gate("min_top1_agreement", "top1_agreement", True),
+    Gate("max_mean_kl", "mean_kl", False),
+)
+
+
+class GateError(StageError):
+    """A quality gate failed; ``report`` holds every measured number."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def load_checkpoint_model(ckpt_dir: Path, hf_dir: Path):
+    """The source architecture (from ``hf_dir/config.json``) with the checkpoint's dequantized weights, float32."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from builders.checkpoint import to_hf_state_dict
+
+    config = AutoConfig.from_pretrained(str(hf_dir))
+    sd, info = to_hf_state_dict(ckpt_dir, vocab_size=config.vocab_size)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    if tied and "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"]):
+        config.tie_word_embeddings = False  # a separately stored (or quantized) lm_head: keep it
+    elif tied:
+        sd.pop("lm_head.weight", None)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise StageError(f"{ckpt_dir} does not map onto {type(model).__name__} from {hf_dir}: missing "
+                         f"{missing[:5]}, unexpected {unexpected[:5]}")
+    return model.eval(), info
+
+
+@torch.no_grad()
+def compare_models(source, candidate, windows: list[list[int]]) -> dict:
+    """Score ``candidate`` against ``source`` on token windows (one forward per window and model)."""
+    nll_s = nll_c = kl = 0.0
+    agree = positions = 0
+    max_err = 0.0
+    for ids in windows:
+        x = torch.tensor([ids])
+        ls = source(x).logits[0, :-1].float()
+        lc = candidate(x).logits[0, :-1].float()
+        target = x[0, 1:]
+        lps, lpc = ls.log_softmax(-1), lc.log_softmax(-1)
+        nll_s -= lps.gather(-1, target[:, None]).sum().item()
+        nll_c -= lpc.gather(-1, target[:, None]).sum().item()
+        kl += (lps.exp() * (lps - lpc)).sum().item()
+        agree += (ls.argmax(-1) == lc.argmax(-1)).sum().item()
+        positions += target.numel()
+        max_err = max(max_err, (ls - lc).abs().max().item())
+    ppl_s, ppl_c = math.exp(nll_s / positions), math.exp(nll_c / positions)
+    return {"source_perplexity": ppl_s, "perplexity": ppl_c,
+            "perplexity_delta_pct": 100.0 * (ppl_c - ppl_s) / ppl_s,
+            "top1_agreement": agree / positions, "mean_kl": max(0.0, kl / positions),
+            "max_logit_error": max_err, "positions": positions}
+
+
+def check_gates(metrics: dict, gates) -> list[dict]:
+    """Every gate with its threshold, measured value and verdict (thresholds left null are skipped)."""
+    out = []
+    for g in GATES:
+        threshold = getattr(gates, g.field)
+        if threshold is None:
+            continue
+        value = metrics[g.metric]
+        ok = value >= threshold if g.higher_is_better else value <= threshold
+        out.append({"field": f"gates.{g.field}", "metric": g.metric, "value": value, "threshold": threshold,
+                    "passed": bool(ok)})
+    return out
+
+
+def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "pydoc_topics",
+                      out_json: Path | None = None) -> dict:
+    """Measure the checkpoint against its source on held-out text and apply ``gates``.
+
+    Args:
+        ckpt_dir: TensorRT-LLM checkpoint folder.
+        hf_dir: the source Hugging Face folder (model and tokenizer).
+        gates: a :class:`pipeline.spec.QualityGate` (thresholds, ``eval_samples``, ``eval_seq_len``).
+        dataset: evaluation corpus (its held-out ``evaluation`` split is used).
+        out_json: where to write the report (written before the verdict, so a failure has it too).
+
+    Returns:
+        the report: metrics, gates, evaluation settings and timings.
+
+    Raises:
+        GateError: one or more gates failed (the message lists field, value and threshold of each).
+        StageError: the checkpoint does not map onto the source architecture.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from builders.calibration import token_windows
+
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    windows = token_windows(tok, "evaluation", gates.eval_samples, gates.eval_seq_len, seed=0, dataset=dataset)
+    source = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    candidate, info = load_checkpoint_model(Path(ckpt_dir), Path(hf_dir))
+    t_load = time.perf_counter() - t0
+    metrics = compare_models(source, candidate, windows)
+    checks = check_gates(metrics, gates)
+    report = {"quant_algo": info.quant_algo,
+              "kv_cache_quant_algo": (info.config.get("quantization") or {}).get("kv_cache_quant_algo"),
+              "mapping": {"tp_size": info.tp_size, "pp_size": info.pp_size},
+              "evaluation": {"dataset": dataset, "split": "evaluation", "samples": gates.eval_samples,
+                             "seq_len": gates.eval_seq_len},
+              "metrics": metrics, "gates": checks, "passed": all(c["passed"] for c in checks),
+              "load_s": round(t_load, 3), "eval_s": round(time.perf_counter() - t0 - t_load, 3)}
+    if out_json is not None:
+        Path(out_json).write_text(json.dumps(report, indent=2) + "\n")
+    failed = [c for c in checks if not c["passed"]]
+    if failed:
+        lines = "; ".join(f"{c['field']}: measured {c['value']:.6g}, threshold {c['threshold']:.6g}" for c in failed)
+        raise GateError(f"quality gate failed for {info.quant_algo or 'unquantized'} checkpoint {ckpt_dir}: {lines} "
+                        f"(perplexity {metrics['perplexity']:.4g} vs source {metrics['source_perplexity']:.4g}, "
+                        f"top-1 agreement {metrics['top1_agreement']:.4f}, mean KL {metrics['mean_kl']:.4g} nats). "
+                        "Fix: pick a more accurate quant_algo, more calibration data, or relax the gate in the "
+                        "build YAML", report)
+    return report
+
+
+def format_table(report: dict) -> str:
+    """A plain-text table of a verify report (for the CLI)."""
+    m = report["metrics"]
+    rows = [("source perplexity", f"{m['source_perplexity']:.4f}"), ("perplexity", f"{m['perplexity']:.4f}"),
+            ("perplexity delta %", f"{m['perplexity_delta_pct']:+.3f}"),
+            ("top-1 agreement", f"{m['top1_agreement']:.4f}"), ("mean KL (nats/token)", f"{m['mean_kl']:.5f}"),
+            ("max logit error", f"{m['max_logit_error']:.4f}"), ("positions", str(m["positions"]))]
+    for c in report["gates"]:
+        rows.append((c["field"], f"{c['value']:.5g} vs {c['threshold']:.5g}  {'PASS' if c['passed'] else 'FAIL'}"))
+    width = max(len(r[0]) for r in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
