@@ -28,36 +28,19 @@ def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, g
         StageError: ModelOpt refused the model or the recipe.
     """
     import modelopt
-    import modelopt.torch.quantization as mtq
     import torch
     from modelopt.torch.export import export_hf_checkpoint
     from transformers import AutoModelForCausalLM
 
     from builders.model_fetch import copy_tokenizer
-    from builders.quantize import modelopt_config
+    from builders.quantize import quantize_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32 if device == "cpu" else torch_dtype)
     model.to(device).eval()
-    cfg = modelopt_config(quant_algo, group_size, kv_cache_quant_algo)
-    t0 = time.perf_counter()
-    if cfg is not None:
-        def forward_loop(m):
-            bar = progress("calibration", len(calib_samples)) if progress else None
-            with torch.no_grad():
-                for ids in calib_samples:
-                    m(torch.tensor([ids], device=device))
-                    if bar is not None:
-                        bar.update(1)
-            if bar is not None:
-                bar.close()
-
-        try:
-            mtq.quantize(model, cfg, forward_loop)
-        except Exception as exc:
-            raise StageError(f"ModelOpt quantization ({quant_algo}) failed: {exc}") from exc
-    calib_s = time.perf_counter() - t0
+    calib = quantize_model(model, quant_algo=quant_algo, group_size=group_size,
+                           kv_cache_quant_algo=kv_cache_quant_algo, calib_samples=calib_samples, progress=progress)
     t1 = time.perf_counter()
     try:
         model.to(torch_dtype)
@@ -66,10 +49,8 @@ def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, g
     except Exception as exc:
         raise StageError(f"ModelOpt unified HF export ({quant_algo}) failed: {exc}") from exc
     copy_tokenizer(hf_dir, out_dir)
-    return {"format": "modelopt unified HF", "calibration_s": round(calib_s, 3),
-            "export_s": round(time.perf_counter() - t1, 3), "device": device,
-            "modelopt_version": modelopt.__version__,
-            "calibration_samples": len(calib_samples) if cfg is not None else 0}
+    return {"format": "modelopt unified HF", **calib, "export_s": round(time.perf_counter() - t1, 3),
+            "device": device, "modelopt_version": modelopt.__version__}
 
 
 def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, build_config: dict) -> dict:

@@ -24,7 +24,7 @@ from typing import Callable
 
 from pipeline.digest import source_digest
 from pipeline.errors import StageError
-from pipeline.fsutil import REPO_ROOT, atomic_dir, cache_root, measure, write_json
+from pipeline.fsutil import REPO_ROOT, atomic_dir, build_lock, cache_root, measure, write_json
 from pipeline.spec import ResolvedBuild
 from pipeline.targets import TargetProfile, get_target
 
@@ -94,7 +94,8 @@ def _remove_stale_temps(out: Path) -> None:
     """Delete ``.<stage>.tmp-*`` / ``.<stage>.old-*`` siblings left by a build that was killed mid-stage.
 
     They are never read (a stage folder without ``stage.json`` is never reused either); this only
-    frees their space. A build running at the same time on the same folder is not supported.
+    frees their space. Builds of one output folder are serialised by fsutil.build_lock, so no running
+    build owns them.
     """
     import shutil
 
@@ -139,45 +140,46 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     target = get_target(build.target)
     preflight.check(build, target)  # cheap checks first: nothing heavy runs on a bad spec
     out = build_dir(build, out_root, variant)
-    s = build.settings
-    versions = library_versions()
-    manifest: dict = {"build": build.name, "target": build.target, "runtime": s.runtime,
-                      "spec_path": build.spec_path, "settings": s.model_dump(mode="json"),
-                      "model_source": build.model.source, "versions": versions, "host": platform.node(),
-                      "stages": {}}
+    with build_lock(out):  # one build at a time per output folder (a second one waits)
+        s = build.settings
+        versions = library_versions()
+        manifest: dict = {"build": build.name, "target": build.target, "runtime": s.runtime,
+                          "spec_path": build.spec_path, "settings": s.model_dump(mode="json"),
+                          "model_source": build.model.source, "versions": versions, "host": platform.node(),
+                          "stages": {}}
 
-    with measure("model") as t_model:
-        hf_dir = model_fetch.resolve_source(build.model.source)
-        preflight.check_model(build, target, hf_dir)
-        from pipeline.plan import compute_plan, read_hf_config
+        with measure("model") as t_model:
+            hf_dir = model_fetch.resolve_source(build.model.source)
+            preflight.check_model(build, target, hf_dir)
+            from pipeline.plan import compute_plan, read_hf_config
 
-        compute_plan(build, target, read_hf_config(hf_dir)).write(out / "plan.json")  # beside manifest.json
-        digest = source_digest(hf_dir)  # memoised: a no-op rebuild does not re-hash the weights
-    manifest["source_checkpoint"] = {"path": str(hf_dir), "sha256": digest}
-    manifest["stages"]["model"] = {"path": str(hf_dir), "timing": t_model.as_dict()}
+            compute_plan(build, target, read_hf_config(hf_dir)).write(out / "plan.json")  # beside manifest.json
+            digest = source_digest(hf_dir)  # memoised: a no-op rebuild does not re-hash the weights
+        manifest["source_checkpoint"] = {"path": str(hf_dir), "sha256": digest}
+        manifest["stages"]["model"] = {"path": str(hf_dir), "timing": t_model.as_dict()}
 
-    results = [_checkpoint_stage(build, hf_dir, digest, out, versions, force, progress)]
-    ckpt = results[0]
-    manifest["calibration"] = {k: ckpt.info.get(k) for k in ("calibration_s", "calibration_peak_rss_mib",
-                                                             "calibration_samples")}
-    if stop_after != "checkpoint":
-        if _checkpoint_format(build) == "trtllm":  # the unified HF export (llmapi) has no rank shards to read
-            results.append(_verify_stage(build, hf_dir, ckpt, out, force))
-    if stop_after not in ("checkpoint", "verify"):
-        results.append(_engine_stage(build, target, hf_dir, ckpt, out, versions, force, progress))
-        if stop_after != "engine" and results[-1].name != "bundle":
-            results.append(_package_stage(build, target, results[-1], out, force))
-    if results[-1].name == "bundle":
-        manifest["handoff"] = {"bundle": str(results[-1].path),
-                               "script": str(results[-1].path / "build_and_serve.sh"),
-                               "reason": "TensorRT-LLM is not importable on this machine"}
-    for r in results:
-        manifest["stages"][r.name] = {"path": str(r.path), "key": r.key, "cached": r.cached,
-                                      "timing": r.timing, "info": r.info}
-    manifest["wall_s"] = round(time.time() - t_start, 3)
-    manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    write_json(out / "manifest.json", manifest)
-    return manifest
+        results = [_checkpoint_stage(build, hf_dir, digest, out, versions, force, progress)]
+        ckpt = results[0]
+        manifest["calibration"] = {k: ckpt.info.get(k) for k in ("calibration_s", "calibration_peak_rss_mib",
+                                                                 "calibration_samples")}
+        if stop_after != "checkpoint":
+            if _checkpoint_format(build) == "trtllm":  # the unified HF export (llmapi) has no rank shards to read
+                results.append(_verify_stage(build, hf_dir, ckpt, out, force))
+        if stop_after not in ("checkpoint", "verify"):
+            results.append(_engine_stage(build, target, hf_dir, ckpt, out, versions, force, progress))
+            if stop_after != "engine" and results[-1].name != "bundle":
+                results.append(_package_stage(build, target, results[-1], out, force))
+        if results[-1].name == "bundle":
+            manifest["handoff"] = {"bundle": str(results[-1].path),
+                                   "script": str(results[-1].path / "build_and_serve.sh"),
+                                   "reason": "TensorRT-LLM is not importable on this machine"}
+        for r in results:
+            manifest["stages"][r.name] = {"path": str(r.path), "key": r.key, "cached": r.cached,
+                                          "timing": r.timing, "info": r.info}
+        manifest["wall_s"] = round(time.time() - t_start, 3)
+        manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        write_json(out / "manifest.json", manifest)
+        return manifest
 
 
 def _checkpoint_format(build: ResolvedBuild) -> str:

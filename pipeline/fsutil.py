@@ -49,6 +49,40 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def build_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock (fcntl) for output ``folder`` for the duration of a build.
+
+    A second build of the same output folder waits here (and says so) instead of racing the
+    first one or deleting its temporary folders. The lock file lives in the cache
+    (``<cache>/locks/``), so a build that fails its checks leaves nothing in ``folder``; the
+    lock dies with the process that held it.
+    """
+    import fcntl
+    import hashlib
+    import logging
+
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+    with open(locks / f"{name}.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            logging.getLogger("trtpipe").info("another build holds %s (pid %s): waiting for it", folder,
+                                              fh.read().strip() or "?")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def write_json(path: Path, data: object) -> None:
     """Write JSON atomically (temp file + rename)."""
     path = Path(path)
