@@ -4,6 +4,7 @@ and the ensemble wiring is checked."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -17,11 +18,19 @@ from pipeline.targets import get_target
 
 @pytest.fixture
 def fake_engine(tmp_path):
+    """An engine folder as the pytorch engine stage writes it, without weights (SmolLM2's tokenizer)."""
+    from tests.conftest import _smollm2_tokenizer_dir
+
     eng = tmp_path / "engine"
     eng.mkdir()
-    (eng / "engine.json").write_text(json.dumps({"build_config": {
-        "max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 2048,
-        "max_beam_width": 1, "tokens_per_block": 32}}))
+    (eng / "engine.json").write_text(json.dumps({
+        "format": "trtpipe-pytorch-engine", "mapping": {"tp_size": 1, "pp_size": 1, "world_size": 1},
+        "build_config": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 2048,
+                         "max_beam_width": 1, "tokens_per_block": 32},
+        "pretrained_config": {"vocab_size": 49152}}))
+    src = _smollm2_tokenizer_dir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(src / name, eng / name)
     (eng / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 2}))
     return eng
 
@@ -35,7 +44,7 @@ def _plan(engine, **serving):
 def test_repository_configs_parse_and_name_their_sources(fake_engine, tmp_path):
     _, plan = _plan(fake_engine)
     configs = write_repository(plan, tmp_path / "repo")
-    assert set(configs) == {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing"}
+    assert set(configs) == {"ensemble", "tensorrt_llm_bls", "preprocessing", "tensorrt_llm", "postprocessing"}
     llm = configs["tensorrt_llm"]
     assert llm.max_batch_size == 8 and llm.model_transaction_policy.decoupled
     text = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
