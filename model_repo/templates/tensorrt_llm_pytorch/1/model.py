@@ -65,7 +65,7 @@ class _Request:
     __slots__ = ("rid", "sender", "streaming", "end_ids", "sent", "arrival_ns", "first_token_ns",
                  "last_token_ns", "first_scheduled_ns", "perf", "prompt_len", "max_new_tokens", "stop_ids",
                  "triton_request", "cancelled", "done", "group", "seq_index", "handle", "prompt_ids",
-                 "exclude_input", "log_probs")
+                 "exclude_input", "log_probs", "kv_blocks")
 
     def __init__(self, rid, sender, streaming, end_ids, prompt_len, max_new_tokens, perf, stop_ids, triton_request,
                  group=None, seq_index=0, handle=-1, prompt_ids=(), exclude_input=True, log_probs=False):
@@ -91,6 +91,7 @@ class _Request:
         self.prompt_ids = list(prompt_ids)
         self.exclude_input = exclude_input
         self.log_probs = log_probs
+        self.kv_blocks = 0  # most KV blocks the sequence held (perf output kv_cache_alloc_new_blocks)
 
 
 class TritonPythonModel:
@@ -192,6 +193,13 @@ class TritonPythonModel:
         if cache is None:
             return None
         return int(round(cache.compute_free_capacity(relative=True) * self.num_blocks))
+
+    def kv_blocks_of(self, rid):
+        """KV blocks the manager's cache holds for one sequence now (0 when unknown or freed)."""
+        cache = getattr(getattr(self.manager, "batch_processor", None), "cache", None)
+        if cache is None:
+            return 0
+        return max([len(getattr(a, "block_table", {}).get(rid, ())) for a in cache.cache_allocators.values()] or [0])
 
     def _publish(self):
         with self.lock:
@@ -374,6 +382,8 @@ class TritonPythonModel:
             return
         if state.first_scheduled_ns == 0:
             state.first_scheduled_ns = now
+        if state.perf:
+            state.kv_blocks = max(state.kv_blocks, self.kv_blocks_of(state.rid))
         # Drop end tokens (the C++ backend does not return end_id either) and apply stop words.
         stop_hit = False
         if tokens and tokens[-1] in state.end_ids:
@@ -429,8 +439,8 @@ class TritonPythonModel:
                                 ("first_scheduled_time_ns", state.first_scheduled_ns),
                                 ("first_token_time_ns", state.first_token_ns),
                                 ("last_token_time_ns", state.last_token_ns),
-                                ("kv_cache_alloc_new_blocks", entry.allocated_blocks if entry else 0),
-                                ("kv_cache_reused_blocks", 0)):
+                                ("kv_cache_alloc_new_blocks", state.kv_blocks),
+                                ("kv_cache_reused_blocks", 0)):  # prefix reuse is not reported by the library
                 out.append(pb_utils.Tensor(name, np.asarray([[value]], dtype=np.int64)))
         with self.lock:
             if state.done or state.group.closed:

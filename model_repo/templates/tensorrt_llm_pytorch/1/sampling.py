@@ -121,7 +121,6 @@ class Entry:
     generator: torch.Generator
     history: list = field(default_factory=list)  # prompt + generated tokens at the last prepare
     generated: int = 0
-    allocated_blocks: int = 0
     log_probs: list = field(default_factory=list)  # one per generated token, when asked for
     scratch: torch.Tensor | None = None
 
@@ -175,7 +174,6 @@ class _HandleProcessor(ContinuousBatchingLogitsProcessor):
             if entry is not None and self.records_state:
                 entry.history = list(state.initial_tokens) + list(state.generated_tokens)
                 entry.generated = len(state.generated_tokens)
-                entry.allocated_blocks = int(getattr(state, "allocated_blocks", 0) or 0)
             handles.append(handle)
         return torch.tensor(handles, dtype=torch.int32, device="cpu")
 
