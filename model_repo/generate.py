@@ -23,7 +23,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pipeline.errors import StageError
+from pipeline.errors import Problem, StageError
 from pipeline.fsutil import atomic_dir
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -40,15 +40,36 @@ class PassThrough:
     dims: str = "[ 1 ]"
 
 
-# Optional ensemble inputs forwarded to `tensorrt_llm` (TensorRT-LLM's name mapping).
+# Optional ensemble inputs forwarded to `tensorrt_llm` (TensorRT-LLM's name mapping, triton.md).
 RUNTIME_INPUTS: tuple[PassThrough, ...] = (
     PassThrough("stream", "streaming", "TYPE_BOOL"),
     PassThrough("return_perf_metrics", "return_perf_metrics", "TYPE_BOOL"),
+    PassThrough("top_k", "runtime_top_k", "TYPE_INT32"),
+    PassThrough("top_p", "runtime_top_p", "TYPE_FP32"),
+    PassThrough("temperature", "temperature", "TYPE_FP32"),
+    PassThrough("seed", "random_seed", "TYPE_UINT64"),
+    PassThrough("repetition_penalty", "repetition_penalty", "TYPE_FP32"),
+    PassThrough("presence_penalty", "presence_penalty", "TYPE_FP32"),
+    PassThrough("frequency_penalty", "frequency_penalty", "TYPE_FP32"),
+    PassThrough("min_tokens", "min_tokens", "TYPE_INT32"),
+    PassThrough("exclude_input_in_output", "exclude_input_in_output", "TYPE_BOOL"),
+    PassThrough("return_log_probs", "return_log_probs", "TYPE_BOOL"),
+    PassThrough("num_return_sequences", "num_return_sequences", "TYPE_INT32"),
+    PassThrough("beam_width", "beam_width", "TYPE_INT32"),
 )
-# Optional outputs returned by `tensorrt_llm` when return_perf_metrics is true (unix ns).
+# Optional outputs of `tensorrt_llm` passed to the client as they are (log probs when
+# return_log_probs is true; sequence_index names the sequence of num_return_sequences).
+RUNTIME_OUTPUTS: tuple[PassThrough, ...] = (
+    PassThrough("sequence_index", "sequence_index", "TYPE_INT32"),
+    PassThrough("cum_log_probs", "cum_log_probs", "TYPE_FP32", "[ -1 ]"),
+    PassThrough("output_log_probs", "output_log_probs", "TYPE_FP32", "[ -1, -1 ]"),
+)
+# Optional outputs returned by `tensorrt_llm` when return_perf_metrics is true (unix ns, block counts).
 PERF_OUTPUTS: tuple[PassThrough, ...] = tuple(
     PassThrough(n, n, "TYPE_INT64") for n in
-    ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns"))
+    ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+     "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks"))
+PASS_OUTPUTS = RUNTIME_OUTPUTS + PERF_OUTPUTS
 
 
 @dataclass
@@ -83,17 +104,36 @@ RUNTIME_TEMPLATES = {"pytorch": "tensorrt_llm_pytorch", "trtllm": "tensorrt_llm_
                      "trtllm-llmapi": "tensorrt_llm_llmapi"}
 
 
-def _engine_limits(engine_dir: Path) -> dict:
+class RepositoryError(StageError):
+    """The spec, the built engine and the tokenizer disagree: every problem, each with field/value/rule/fix."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        lines = [f"model repository not written: {len(self.problems)} problem(s):"]
+        lines += [f"  - {pr.render()}" for pr in self.problems]
+        super().__init__("\n".join(lines))
+
+    def codes(self) -> list[str]:
+        return [pr.code for pr in self.problems]
+
+
+def _engine_config(engine_dir: Path) -> dict:
+    """The engine's own config, one source of truth: engine.json (pytorch/llmapi) or trtllm-build's
+    config.json, normalised to {build_config, mapping, pretrained_config, version, format}."""
     if not (engine_dir / "engine.json").is_file() and (engine_dir / "config.json").is_file():
         cfg = json.loads((engine_dir / "config.json").read_text())
         if "build_config" in cfg:  # a trtllm-build engine: its config.json carries the limits
             bc = dict(cfg["build_config"])
             bc.setdefault("tokens_per_block", (bc.get("plugin_config") or {}).get("tokens_per_block"))
-            return {"build_config": bc}
+            pre = cfg.get("pretrained_config") or {}
+            return {"build_config": bc, "mapping": pre.get("mapping") or {}, "pretrained_config": pre,
+                    "version": cfg.get("version"), "format": "trtllm-build", "file": "config.json"}
     path = engine_dir / "engine.json"
     if not path.is_file():
         raise StageError(f"{engine_dir}: engine.json missing: the engine stage did not complete; rerun the build")
-    return json.loads(path.read_text())
+    cfg = json.loads(path.read_text())
+    cfg.setdefault("file", "engine.json")
+    return cfg
 
 
 def _generation_ids(tokenizer_dir: Path) -> tuple[list[int], int]:
@@ -105,7 +145,7 @@ def _generation_ids(tokenizer_dir: Path) -> tuple[list[int], int]:
         raise StageError(f"{gen_path}: no eos_token_id: generation would never stop. Add it to "
                          "generation_config.json of the source model")
     pad = gen.get("pad_token_id", end_ids[0])
-    return end_ids, int(pad)
+    return [int(i) for i in end_ids], int(pad)
 
 
 def default_sys_path() -> list[str]:
@@ -113,9 +153,90 @@ def default_sys_path() -> list[str]:
     return [sysconfig.get_paths()["purelib"]]
 
 
+def _tokenizer_vocab(tokenizer_dir: Path) -> int | None:
+    """Number of token ids the tokenizer can produce (added tokens included), offline; None if unreadable."""
+    try:
+        from transformers import AutoTokenizer
+
+        return len(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True))
+    except Exception:  # reported by the caller as "not offline-loadable"
+        return None
+
+
+def check_against_engine(build, engine: dict, tokenizer_dir: Path, *, engine_built: bool = True) -> list[Problem]:
+    """Every way the spec, the engine's own config and the tokenizer can disagree (all problems at once).
+
+    ``engine_built`` is False for a GPU-host bundle (the engine's config.json does not exist yet):
+    checks that need the built engine are skipped there and run by the bundle's script instead.
+    """
+    from builders.engine_trtllm import TRTLLM_VERSION
+
+    s = build.settings
+    sv = s.serving
+    bc = engine["build_config"]
+    problems: list[Problem] = []
+
+    def bad(field, value, rule, fix, code):
+        problems.append(Problem(field, value, rule, fix, code))
+
+    rebuild = "rebuild the engine (`trtpipe build`) so the repository and the engine come from the same spec"
+    tmbs = sv.triton_max_batch_size
+    if tmbs and tmbs > bc["max_batch_size"]:
+        bad("serving.triton_max_batch_size", tmbs, f"exceeds the engine's max_batch_size {bc['max_batch_size']}",
+            "lower it or rebuild with a larger limits.max_batch_size", "triton_batch_above_engine")
+    for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+        want = getattr(s.limits, key, None)
+        if want is not None and bc.get(key) is not None and want != bc[key]:
+            bad(f"limits.{key}", want, f"the engine was built with {key} = {bc[key]} (preprocessing truncates "
+                "and refuses prompts by the engine's limits)", rebuild, "limits_differ_from_engine")
+    world = s.parallelism.tp_size * s.parallelism.pp_size
+    mapping = engine.get("mapping") or {}
+    eng_world = mapping.get("world_size") or (mapping.get("tp_size", 1) * mapping.get("pp_size", 1)
+                                               if mapping else None)
+    if engine_built and eng_world is not None and eng_world != world:
+        bad("parallelism", {"tp_size": s.parallelism.tp_size, "pp_size": s.parallelism.pp_size},
+            f"world_size tp x pp = {world} but the engine was built for world_size {eng_world}", rebuild,
+            "world_size_differs_from_engine")
+    decoupled = sv.decoupled if sv.decoupled is not None else sv.streaming
+    if sv.streaming and not decoupled:
+        bad("serving.decoupled", sv.decoupled, "streaming needs the decoupled transaction policy",
+            "set serving.decoupled: true (or leave it null to follow serving.streaming)", "streaming_not_decoupled")
+    if s.runtime == "pytorch" and not decoupled:
+        bad("serving.decoupled", decoupled, "the pytorch runtime answers through decoupled response senders only",
+            "set serving.streaming: true and leave serving.decoupled null", "pytorch_needs_decoupled")
+    if s.runtime == "trtllm":
+        plugin = bc.get("plugin_config") or {}
+        paged_ctx = plugin.get("use_paged_context_fmha")
+        for key in ("enable_kv_cache_reuse", "enable_chunked_context"):
+            if getattr(sv, key) and paged_ctx is False:
+                bad(f"serving.{key}", True, "needs an engine built with use_paged_context_fmha (the engine's "
+                    "build_config.plugin_config.use_paged_context_fmha is false)",
+                    f"set serving.{key}: false, or rebuild (the plugin resolver enables paged context FMHA when "
+                    f"serving.{key} is true)", "kv_reuse_without_paged_context_fmha")
+        version = engine.get("version")
+        if engine_built and version and str(version) != TRTLLM_VERSION:
+            bad("runtime", "trtllm", f"the engine was built by TensorRT-LLM {version}, the pinned serving version "
+                f"is {TRTLLM_VERSION} (engines only run with the version that built them)",
+                f"rebuild the engine with TensorRT-LLM {TRTLLM_VERSION}", "engine_version_mismatch")
+    if not (tokenizer_dir / "tokenizer_config.json").is_file() and not (tokenizer_dir / "tokenizer.json").is_file():
+        bad("model.source", str(tokenizer_dir), "no tokenizer files (tokenizer.json / tokenizer_config.json) in "
+            "the tokenizer folder", "rebuild so the engine stage copies the tokenizer", "tokenizer_missing")
+    else:
+        vocab = _tokenizer_vocab(tokenizer_dir)
+        eng_vocab = (engine.get("pretrained_config") or {}).get("vocab_size")
+        if vocab is None:
+            bad("model.source", str(tokenizer_dir), "the tokenizer does not load offline (local_files_only)",
+                "copy every tokenizer file of the source model into the engine folder", "tokenizer_not_loadable")
+        elif eng_vocab is not None and vocab > int(eng_vocab):
+            bad("model.source", str(tokenizer_dir), f"the tokenizer has {vocab} ids but the engine's vocab_size is "
+                f"{eng_vocab}: prompts could hold ids the engine has no embedding for",
+                "use the tokenizer of the model the engine was built from", "tokenizer_vocab_above_engine")
+    return problems
+
+
 def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | None = None,
                     sys_path: list[str] | None = None, build_config: dict | None = None) -> RepositoryPlan:
-    """Compute the repository plan for a ``pytorch``-runtime engine.
+    """Compute the repository plan for a built engine, after checking it against the spec.
 
     Args:
         build: :class:`pipeline.spec.ResolvedBuild`.
@@ -127,20 +248,21 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
             default: read from the engine folder (engine.json, or a trtllm-build config.json).
 
     Raises:
-        StageError: the engine or tokenizer folder is incomplete, or the spec contradicts the engine.
+        RepositoryError: the spec contradicts the engine or the tokenizer (every problem listed).
+        StageError: the engine or tokenizer folder is incomplete.
     """
     s = build.settings
-    engine = {"build_config": build_config} if build_config is not None else _engine_limits(engine_dir)
+    engine = {"build_config": build_config} if build_config is not None else _engine_config(engine_dir)
     bc = engine["build_config"]
     tokenizer_dir = tokenizer_dir or engine_dir
+    problems = check_against_engine(build, engine, tokenizer_dir, engine_built=build_config is None)
+    if problems:
+        raise RepositoryError(problems)
     end_ids, pad_id = _generation_ids(tokenizer_dir)
-    engine_src = f"engine: {engine_dir.name}/engine.json build_config"
+    engine_src = f"engine: {engine_dir.name}/{engine.get('file', 'engine.json')} build_config"
     tmbs = s.serving.triton_max_batch_size or bc["max_batch_size"]
     tmbs_src = ("spec: serving.triton_max_batch_size" if s.serving.triton_max_batch_size
                 else f"{engine_src}.max_batch_size")
-    if tmbs > bc["max_batch_size"]:
-        raise StageError(f"serving.triton_max_batch_size = {tmbs} exceeds the engine's max_batch_size "
-                         f"{bc['max_batch_size']}: lower it or rebuild with a larger limits.max_batch_size")
     decoupled = s.serving.decoupled if s.serving.decoupled is not None else s.serving.streaming
     dec_src = "spec: serving.decoupled" if s.serving.decoupled is not None else "spec: serving.streaming"
 
@@ -153,7 +275,10 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
     pre.set("add_special_tokens", True, "default: the tokenizer adds what its config asks for (BOS for Llama-3)")
     pre.set("max_input_len", bc["max_input_len"], f"{engine_src}.max_input_len")
     pre.set("max_seq_len", bc["max_seq_len"], f"{engine_src}.max_seq_len")
-    pre.set("end_id", end_ids[0], f"tokenizer: generation_config.json eos_token_id {end_ids}")
+    pre.set("end_id", end_ids[0], f"tokenizer: generation_config.json eos_token_id {end_ids} (the first)")
+    pre.set("stop_token_ids", ",".join(str(i) for i in end_ids[1:]),
+            f"tokenizer: generation_config.json eos_token_id {end_ids} (the others: sent as one-token stop "
+            "words unless the client sends its own end_id)")
     pre.set("pad_id", pad_id, "tokenizer: generation_config.json pad_token_id")
     pre.set("preprocessing_instance_count", s.serving.instance_counts.preprocessing,
             "spec: serving.instance_counts.preprocessing")
@@ -172,20 +297,35 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
         common(llm)
 
     ens = common(ModelPlan("ensemble", "ensemble"))
-    ens.set("ensemble_runtime_inputs", ",\n".join(
-        f'  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} optional: true }}'
-        for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
-    ens.set("ensemble_runtime_outputs", "".join(
-        f',\n  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PERF_OUTPUTS),
-        "model_repo.generate.PERF_OUTPUTS")
+    _set_client_tensors(ens, "ensemble_")
     ens.set("ensemble_runtime_input_map", "\n".join(
         f'      input_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in RUNTIME_INPUTS),
         "model_repo.generate.RUNTIME_INPUTS")
     ens.set("ensemble_runtime_output_map", "".join(
-        f'\n      output_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in PERF_OUTPUTS),
-        "model_repo.generate.PERF_OUTPUTS")
-    return RepositoryPlan([ens, pre, llm, post], sys_path if sys_path is not None else default_sys_path())
+        f'\n      output_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in PASS_OUTPUTS),
+        "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
 
+    bls = common(ModelPlan("tensorrt_llm_bls", "tensorrt_llm_bls"))
+    _set_client_tensors(bls, "")
+    bls.set("decoupled", decoupled, dec_src)
+    bls.set("bls_instance_count", s.serving.instance_counts.tensorrt_llm_bls,
+            "spec: serving.instance_counts.tensorrt_llm_bls")
+    bls.set("runtime_input_names", ",".join(f"{p.ensemble_name}:{p.runtime_name}" for p in RUNTIME_INPUTS),
+            "model_repo.generate.RUNTIME_INPUTS (client name: tensorrt_llm name)")
+    bls.set("runtime_output_names", ",".join(p.runtime_name for p in PASS_OUTPUTS),
+            "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
+    return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path())
+
+
+
+def _set_client_tensors(mp: ModelPlan, prefix: str) -> None:
+    """The optional client inputs/outputs shared by `ensemble` and `tensorrt_llm_bls` (same tables)."""
+    mp.set(f"{prefix}runtime_inputs", ",\n".join(
+        f'  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} optional: true }}'
+        for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
+    mp.set(f"{prefix}runtime_outputs", "".join(
+        f',\n  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
+        "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
 
 
 def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src: str, decoupled: bool,
@@ -209,12 +349,15 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")
+    llm.set("exclude_input_in_output", True, "outputs carry generated tokens only (what postprocessing counts); "
+            "a request may send exclude_input_in_output false")
+    llm.set("cancellation_check_period_ms", 100, "how often cancelled requests are looked for (backend default)")
     llm.set("runtime_inputs", ",\n".join(
         f'  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} optional: true }}'
         for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
     llm.set("runtime_outputs", "".join(
-        f',\n  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PERF_OUTPUTS),
-        "model_repo.generate.PERF_OUTPUTS")
+        f',\n  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
+        "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
 
     return llm
 
@@ -256,8 +399,8 @@ def _plan_trtllm_model(build, engine_dir: Path, bc: dict, engine_src: str, decou
         f'  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} reshape: {{ shape: [ ] }} '
         'optional: true }' for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
     llm.set("runtime_outputs", "".join(
-        f',\n  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PERF_OUTPUTS),
-        "model_repo.generate.PERF_OUTPUTS")
+        f',\n  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
+        "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
     return llm
 
 
@@ -354,5 +497,8 @@ def _write(plan: RepositoryPlan, rendered: dict[str, str], tmp: Path) -> None:
         if (TEMPLATES / mp.template / "1" / "model.py").is_file():
             (mdir / "1" / "model.py").write_text(render_model_py(mp.template))
             (mdir / "sys_path.json").write_text(json.dumps(plan.sys_path) + "\n")
+            for helper in sorted((TEMPLATES / mp.template / "1").glob("*.py")):  # modules model.py loads
+                if helper.name != "model.py":
+                    (mdir / "1" / helper.name).write_text(helper.read_text())
     (tmp / "repository_plan.json").write_text(json.dumps(plan.as_dict(), indent=2) + "\n")
 

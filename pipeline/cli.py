@@ -122,7 +122,8 @@ def _server_config(args, build):
     return ServerConfig(model_repository=out / "model_repo", http_port=args.http_port or sv.http_port,
                         grpc_port=args.grpc_port or sv.grpc_port, metrics_port=args.metrics_port or sv.metrics_port,
                         address=args.address, log_file=out / "tritonserver.log", ready_timeout_s=args.timeout,
-                        python_path=default_sys_path())
+                        python_path=default_sys_path(), runtime=build.settings.runtime,
+                        world_size=build.settings.parallelism.tp_size * build.settings.parallelism.pp_size)
 
 
 def cmd_serve(args) -> int:

@@ -41,6 +41,7 @@ class Chunk:
     final: bool
     t: float
     perf: dict | None = None
+    outputs: dict | None = None
 
 
 def format_chat(tokenizer_dir: Path, prompt: str, system: str | None = None) -> str:
@@ -59,7 +60,7 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
     """tritonclient gRPC InferInput list for the ensemble (batch dim 1).
 
     ``extra`` maps further optional ensemble inputs to scalars (dtype from the value: bool,
-    int -> INT32, float -> FP32).
+    int -> INT32 (``seed`` -> UINT64, TensorRT-LLM's random_seed), float -> FP32).
     """
     import tritonclient.grpc as grpcclient
 
@@ -80,6 +81,8 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
     for name, value in (extra or {}).items():
         if isinstance(value, bool):
             inputs.append(tensor(name, np.array([[value]], dtype=bool), "BOOL"))
+        elif name == "seed":
+            inputs.append(tensor(name, np.array([[value]], dtype=np.uint64), "UINT64"))
         elif isinstance(value, int):
             inputs.append(tensor(name, np.array([[value]], dtype=np.int32), "INT32"))
         else:
@@ -87,11 +90,12 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
     return inputs
 
 
-PERF_NAMES = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+PERF_NAMES = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+              "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks")
 
 
 def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensemble", timeout_s: float = 300.0,
-                    perf_metrics: bool = False, **kwargs) -> Iterator[Chunk]:
+                    perf_metrics: bool = False, extra_outputs: tuple[str, ...] = (), **kwargs) -> Iterator[Chunk]:
     """Send one request and yield its responses as they arrive.
 
     Args:
@@ -101,6 +105,8 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
         model: Triton model name (``ensemble``).
         timeout_s: give up when no response arrives for this long.
         perf_metrics: ask for server-side timings.
+        extra_outputs: further ensemble outputs to return in ``Chunk.outputs`` (e.g. sequence_index,
+            output_log_probs), as numpy arrays, when a response carries them.
         **kwargs: passed to :func:`build_inputs`.
 
     Raises:
@@ -113,6 +119,7 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
     outputs = [grpcclient.InferRequestedOutput("text_output"), grpcclient.InferRequestedOutput("num_output_tokens")]
     if perf_metrics:
         outputs += [grpcclient.InferRequestedOutput(n) for n in PERF_NAMES]
+    outputs += [grpcclient.InferRequestedOutput(n) for n in extra_outputs]
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     try:
@@ -140,8 +147,9 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
             perf = None
             if perf_metrics and arr is not None:
                 perf = {k: int(v.reshape(-1)[0]) for k in PERF_NAMES if (v := result.as_numpy(k)) is not None}
+            extra = {k: v for k in extra_outputs if (v := result.as_numpy(k)) is not None} if extra_outputs else None
             if arr is not None or final:
-                yield Chunk(text_out, n, final, t, perf)
+                yield Chunk(text_out, n, final, t, perf, extra)
             if final:
                 return
     finally:

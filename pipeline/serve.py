@@ -44,6 +44,21 @@ KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
                                                         "(docker: --shm-size=2g)"),
     ("out of memory", "the model or its KV pool does not fit: lower limits.max_batch_size/max_seq_len or "
                       "serving.max_tokens_in_paged_kv_cache"),
+    ("Unknown logit_processor_kwargs", "the runtime's sampling processors and transformers disagree: regenerate "
+                                       "the repository with this checkout (`trtpipe build`) and pin transformers"),
+    ("no CUDA-capable device", "no GPU visible to the server: check CUDA_VISIBLE_DEVICES and the container's "
+                               "--gpus / nvidia.com/gpu request"),
+    ("CUDA driver version is insufficient", "the host driver is older than the container's CUDA: use the "
+                                            "container release that matches the driver (NVIDIA's support matrix)"),
+    ("Failed to deserialize cuda engine", "the engine was built by another TensorRT/TensorRT-LLM version than "
+                                          "this server's: rebuild in the serving container's version"),
+    ("MPI_Init", "the tensorrtllm backend runs under MPI: launch with `trtpipe serve` (mpirun, one rank per GPU)"),
+    ("ORTE_ERROR_LOG", "mpirun could not start the ranks: run as a user mpirun allows (--allow-run-as-root "
+                       "in containers) and check that every rank can see its GPU"),
+    ("Unexpected inference output", "a model returned a tensor its config.pbtxt does not declare: regenerate "
+                                    "the repository so templates and configs come from the same checkout"),
+    ("model_transaction_policy", "decoupled setting and the model disagree: streaming needs decoupled: true "
+                                 "(serving.streaming) and gRPC streaming or generate_stream on the client"),
 )
 
 
@@ -64,6 +79,9 @@ class ServerConfig:
     ready_timeout_s: float = 600.0
     extra_args: list[str] = field(default_factory=list)
     python_path: list[str] = field(default_factory=list)
+    world_size: int = 1
+    """MPI ranks (tp x pp) for the trtllm runtime: leader-mode mpirun, one tritonserver per GPU."""
+    runtime: str = "pytorch"
 
     @property
     def http_url(self) -> str:
@@ -132,9 +150,42 @@ def check_shm(min_bytes: int = 256 * 2**20) -> str | None:
     return None
 
 
+def visible_gpus() -> int | None:
+    """GPUs this process may use: CUDA_VISIBLE_DEVICES when set, else ``nvidia-smi -L``; None if unknown."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return len([d for d in env.split(",") if d.strip() and d.strip() != "-1"])
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return len([ln for ln in out.splitlines() if ln.startswith("GPU ")])
+
+
+def check_gpus(cfg: ServerConfig) -> None:
+    """Refuse to start a multi-GPU or trtllm launch when fewer GPUs are visible than ranks."""
+    if cfg.runtime != "trtllm" and cfg.world_size <= 1:
+        return
+    n = visible_gpus()
+    if n is None or n < cfg.world_size:
+        seen = "no GPU (nvidia-smi missing)" if n is None else f"{n} GPU(s)"
+        raise ServerError(f"world_size tp x pp = {cfg.world_size} needs {cfg.world_size} GPU(s), this host shows "
+                          f"{seen} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): run on a host "
+                          "with enough GPUs, or lower parallelism.tp_size/pp_size and rebuild")
+
+
 def command(cfg: ServerConfig) -> list[str]:
-    """The tritonserver command line for ``cfg``."""
+    """The tritonserver command line for ``cfg``: one process, or for the trtllm runtime the leader-mode
+    mpirun (the same function the GPU-host bundle's script uses)."""
     home = tritonserver_binary().parent.parent
+    if cfg.runtime == "trtllm":
+        from builders.bundle_trtllm import serve_argv
+
+        return serve_argv(cfg.world_size, str(cfg.model_repository), http_port=cfg.http_port,
+                          grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port, address=cfg.address,
+                          tritonserver=str(tritonserver_binary()))
     return [str(tritonserver_binary()),
             f"--model-repository={cfg.model_repository}",
             f"--backend-directory={home / 'backends'}",
@@ -177,6 +228,7 @@ class TritonServer:
         shm = check_shm()
         if shm:
             log.warning(shm)
+        check_gpus(cfg)
         binary = tritonserver_binary()
         ensure_python_stub(binary.parent.parent / "backends")
         env = dict(os.environ)

@@ -4,6 +4,7 @@ and the ensemble wiring is checked."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -17,11 +18,19 @@ from pipeline.targets import get_target
 
 @pytest.fixture
 def fake_engine(tmp_path):
+    """An engine folder as the pytorch engine stage writes it, without weights (SmolLM2's tokenizer)."""
+    from tests.conftest import _smollm2_tokenizer_dir
+
     eng = tmp_path / "engine"
     eng.mkdir()
-    (eng / "engine.json").write_text(json.dumps({"build_config": {
-        "max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 2048,
-        "max_beam_width": 1, "tokens_per_block": 32}}))
+    (eng / "engine.json").write_text(json.dumps({
+        "format": "trtpipe-pytorch-engine", "mapping": {"tp_size": 1, "pp_size": 1, "world_size": 1},
+        "build_config": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 2048,
+                         "max_beam_width": 1, "tokens_per_block": 32},
+        "pretrained_config": {"vocab_size": 49152}}))
+    src = _smollm2_tokenizer_dir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(src / name, eng / name)
     (eng / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 2}))
     return eng
 
@@ -35,7 +44,7 @@ def _plan(engine, **serving):
 def test_repository_configs_parse_and_name_their_sources(fake_engine, tmp_path):
     _, plan = _plan(fake_engine)
     configs = write_repository(plan, tmp_path / "repo")
-    assert set(configs) == {"ensemble", "preprocessing", "tensorrt_llm", "postprocessing"}
+    assert set(configs) == {"ensemble", "tensorrt_llm_bls", "preprocessing", "tensorrt_llm", "postprocessing"}
     llm = configs["tensorrt_llm"]
     assert llm.max_batch_size == 8 and llm.model_transaction_policy.decoupled
     text = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
@@ -75,3 +84,97 @@ def test_invalid_config_text_fails_to_parse():
     with pytest.raises(StageError, match="not a valid Triton model config"):
         parse_config('name: "x" max_batch_size: "eight"', "x/config.pbtxt")
     assert mp.values == {}
+
+
+def _mutate_engine(engine, **changes):
+    cfg = json.loads((engine / "engine.json").read_text())
+    for key, value in changes.items():
+        section, name = key.split("__")
+        cfg[section][name] = value
+    (engine / "engine.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("case, code", [
+    ("limits", "limits_differ_from_engine"),
+    ("world", "world_size_differs_from_engine"),
+    ("vocab", "tokenizer_vocab_above_engine"),
+    ("no_tokenizer", "tokenizer_missing"),
+    ("not_decoupled", "pytorch_needs_decoupled"),
+    ("streaming_not_decoupled", "streaming_not_decoupled"),
+])
+def test_each_cross_check_refuses_an_inconsistent_repository(fake_engine, tmp_path, case, code):
+    from model_repo.generate import RepositoryError
+
+    serving = {}
+    if case == "limits":
+        _mutate_engine(fake_engine, build_config__max_seq_len=1024)
+    elif case == "world":
+        _mutate_engine(fake_engine, mapping__world_size=2)
+    elif case == "vocab":
+        _mutate_engine(fake_engine, pretrained_config__vocab_size=1000)
+    elif case == "no_tokenizer":
+        (fake_engine / "tokenizer.json").unlink()
+        (fake_engine / "tokenizer_config.json").unlink()
+    elif case == "not_decoupled":
+        serving = {"streaming": False}
+    else:
+        serving = {"streaming": True, "decoupled": False}
+    try:
+        with pytest.raises(RepositoryError) as err:
+            _plan(fake_engine, **serving)
+    except Exception as exc:  # the spec itself may already refuse the combination (also fine)
+        from pipeline.errors import SpecError
+        if not isinstance(exc, SpecError):
+            raise
+        return
+    assert code in err.value.codes(), str(err.value)
+    assert " = " in str(err.value) and "Fix:" in str(err.value)
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.fixture
+def trtllm_engine(tmp_path):
+    from builders.engine_trtllm import TRTLLM_VERSION
+    from tests.conftest import _smollm2_tokenizer_dir
+
+    eng = tmp_path / "trt-engine"
+    tok = eng / "tokenizer"
+    tok.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(_smollm2_tokenizer_dir() / name, tok / name)
+    (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 2}))
+
+    def write(version=TRTLLM_VERSION, paged_ctx=True):
+        (eng / "config.json").write_text(json.dumps({"version": version, "pretrained_config": {
+            "vocab_size": 49152, "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}},
+            "build_config": {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
+                             "max_beam_width": 1, "plugin_config": {"tokens_per_block": 32,
+                                                                    "use_paged_context_fmha": paged_ctx}}}))
+        return eng
+    return write
+
+
+@pytest.mark.parametrize("case, code", [("version", "engine_version_mismatch"),
+                                        ("kv_reuse", "kv_reuse_without_paged_context_fmha")])
+def test_trtllm_engine_cross_checks(trtllm_engine, tmp_path, case, code):
+    from model_repo.generate import RepositoryError
+    from tests.conftest import write_spec
+
+    extra = "    serving: {enable_kv_cache_reuse: true}\n" if case == "kv_reuse" else ""
+    build = load_spec(write_spec(tmp_path / "b.yaml", tmp_path, runtime="trtllm", extra=extra), "h100")
+    eng = trtllm_engine(version="1.0.0") if case == "version" else trtllm_engine(paged_ctx=False)
+    with pytest.raises(RepositoryError) as err:
+        plan_repository(build, get_target("h100"), eng, tokenizer_dir=eng / "tokenizer")
+    assert code in err.value.codes(), str(err.value)
+
+
+def test_consistent_trtllm_engine_plans(trtllm_engine, tmp_path):
+    from tests.conftest import write_spec
+
+    build = load_spec(write_spec(tmp_path / "b.yaml", tmp_path, runtime="trtllm"), "h100")
+    eng = trtllm_engine()
+    plan = plan_repository(build, get_target("h100"), eng, tokenizer_dir=eng / "tokenizer")
+    configs = write_repository(plan, tmp_path / "repo")
+    assert configs["tensorrt_llm"].dynamic_batching.default_queue_policy is not None
+    pre = {k: v.string_value for k, v in configs["preprocessing"].parameters.items()}
+    assert pre["end_id"] == "2" and pre["stop_token_ids"] == "0"

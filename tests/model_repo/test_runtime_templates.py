@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from model_repo.generate import TEMPLATES, write_repository, plan_repository
 from pipeline.spec import load_spec
 from pipeline.targets import get_target
-from tests.conftest import write_spec
+from tests.conftest import _smollm2_tokenizer_dir, write_spec
 
 LIMITS = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
           "max_beam_width": 1, "tokens_per_block": 32}
@@ -17,6 +19,8 @@ LIMITS = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num
 def test_repository_for_gpu_runtimes(tmp_path, runtime):
     tok = tmp_path / "tok"
     tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(_smollm2_tokenizer_dir() / name, tok / name)
     (tok / "generation_config.json").write_text('{"eos_token_id": [2, 0], "pad_token_id": 2}')
     build = load_spec(write_spec(tmp_path / "b.yaml", tok, runtime=runtime), "h100")
     plan = plan_repository(build, get_target("h100"), tmp_path / "engine", tokenizer_dir=tok, build_config=LIMITS)

@@ -12,11 +12,15 @@ def _param(cfg, key, default=None):
     return default if value in (None, "") else value
 
 
-def _pack_words(tokenizer, rows):
-    """Words per batch row -> TensorRT-LLM's [B, 2, L] list: flat ids, then end offsets (-1 padded)."""
+def _pack_words(tokenizer, rows, extra_ids=()):
+    """Words per batch row -> TensorRT-LLM's [B, 2, L] list: flat ids, then end offsets (-1 padded).
+    ``extra_ids`` are token ids added to every row as one-token words (the tokenizer's other stop ids)."""
     flats, offsets = [], []
     for words in rows:
         ids, offs = [], []
+        for tok in extra_ids:
+            ids.append(int(tok))
+            offs.append(len(ids))
         for w in words:
             w = w.decode() if isinstance(w, bytes) else str(w)
             if not w:
@@ -47,6 +51,9 @@ class TritonPythonModel:
         self.max_seq_len = int(_param(cfg, "max_seq_len"))
         self.end_id = int(_param(cfg, "end_id"))
         self.pad_id = int(_param(cfg, "pad_id"))
+        # generation_config.json's other eos ids: one-token stop words, so every runtime (the C++
+        # backend takes a single end_id) stops on all of them; dropped when the client sends end_id.
+        self.stop_token_ids = [int(t) for t in (_param(cfg, "stop_token_ids", "") or "").split(",") if t.strip()]
 
     def execute(self, requests):
         return [self._one(r) for r in requests]
@@ -83,10 +90,12 @@ class TritonPythonModel:
         lengths = np.asarray([[len(t)] for t in ids], dtype=np.int32)
         batch = len(ids)
 
-        def words(name):
+        client_end_id = pb_utils.get_input_tensor_by_name(request, "END_ID") is not None
+
+        def words(name, extra_ids=()):
             t = pb_utils.get_input_tensor_by_name(request, name)
             rows = [[]] * batch if t is None else [list(r.reshape(-1)) for r in t.as_numpy().reshape(batch, -1)]
-            return _pack_words(self.tokenizer, rows)
+            return _pack_words(self.tokenizer, rows, extra_ids)
 
         def scalar(name, default):
             t = pb_utils.get_input_tensor_by_name(request, name)
@@ -98,7 +107,7 @@ class TritonPythonModel:
             pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", out_len.reshape(batch, 1).astype(np.int32)),
             pb_utils.Tensor("BAD_WORDS_IDS", words("BAD_WORDS_DICT")),
-            pb_utils.Tensor("STOP_WORDS_IDS", words("STOP_WORDS_DICT")),
+            pb_utils.Tensor("STOP_WORDS_IDS", words("STOP_WORDS_DICT", () if client_end_id else self.stop_token_ids)),
             pb_utils.Tensor("OUT_END_ID", scalar("END_ID", self.end_id)),
             pb_utils.Tensor("OUT_PAD_ID", scalar("PAD_ID", self.pad_id)),
         ]

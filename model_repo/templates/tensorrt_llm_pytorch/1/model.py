@@ -6,6 +6,9 @@
 # to its request's response sender (decoupled streaming). Same tensors as the TensorRT-LLM
 # C++ backend: input_ids/input_lengths/request_output_len in, output_ids/sequence_length out.
 # In streaming mode each response carries the tokens generated since the previous one.
+# Decoding options (temperature, top_k, top_p, seed, penalties, min_tokens, log probs) are per
+# request: see sampling.py beside this file. num_return_sequences = n runs n sequences of one
+# request (each response names its sequence_index); beam search is refused.
 
 # @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
 
@@ -14,8 +17,15 @@ import threading
 import time
 import uuid
 
+import importlib.util
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+_spec = importlib.util.spec_from_file_location("trtpipe_sampling", _os.path.join(_os.path.dirname(
+    _os.path.abspath(__file__)), "sampling.py"))
+sampling = _sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sampling)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -41,12 +51,24 @@ class RequestError(ValueError):
     """A per-request validation error: sent to that request only; the server keeps serving."""
 
 
+class _Group:
+    """The sequences of one Triton request (num_return_sequences): the last one to finish sends FINAL."""
+
+    __slots__ = ("remaining", "closed")
+
+    def __init__(self, n):
+        self.remaining = n
+        self.closed = False
+
+
 class _Request:
     __slots__ = ("rid", "sender", "streaming", "end_ids", "sent", "arrival_ns", "first_token_ns",
                  "last_token_ns", "first_scheduled_ns", "perf", "prompt_len", "max_new_tokens", "stop_ids",
-                 "triton_request", "cancelled", "done")
+                 "triton_request", "cancelled", "done", "group", "seq_index", "handle", "prompt_ids",
+                 "exclude_input", "log_probs", "kv_blocks")
 
-    def __init__(self, rid, sender, streaming, end_ids, prompt_len, max_new_tokens, perf, stop_ids, triton_request):
+    def __init__(self, rid, sender, streaming, end_ids, prompt_len, max_new_tokens, perf, stop_ids, triton_request,
+                 group=None, seq_index=0, handle=-1, prompt_ids=(), exclude_input=True, log_probs=False):
         self.rid = rid
         self.sender = sender
         self.streaming = streaming
@@ -63,6 +85,13 @@ class _Request:
         self.triton_request = triton_request
         self.cancelled = False
         self.done = False
+        self.group = group or _Group(1)
+        self.seq_index = seq_index
+        self.handle = handle
+        self.prompt_ids = list(prompt_ids)
+        self.exclude_input = exclude_input
+        self.log_probs = log_probs
+        self.kv_blocks = 0  # most KV blocks the sequence held (perf output kv_cache_alloc_new_blocks)
 
 
 class TritonPythonModel:
@@ -103,14 +132,20 @@ class TritonPythonModel:
         self.default_end_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
         self.pad_id = gen.get("pad_token_id", self.default_end_ids[0] if self.default_end_ids else 0)
         self.vocab_size = int(self.engine["pretrained_config"]["vocab_size"])
-        gcfg = GenerationConfig(max_new_tokens=self.max_seq_len, do_sample=False,
-                                eos_token_id=self.default_end_ids or None, pad_token_id=self.pad_id)
+        # Per-request temperature/top_k/top_p need the library's warpers to exist: non-default values
+        # at creation (each request then passes its own; see sampling.py).
+        gcfg = GenerationConfig(max_new_tokens=self.max_seq_len, eos_token_id=self.default_end_ids or None,
+                                pad_token_id=self.pad_id, **sampling.CREATION_DEFAULTS)
         max_queue = int(_param(cfg, "max_queue_size", "0"))
         cbc = ContinuousBatchingConfig(page_size=self.tokens_per_block, num_blocks=self.num_blocks,
                                        max_batch_tokens=self.max_num_tokens,
                                        max_requests_per_batch=self.max_batch_size, max_queue_size=max_queue,
-                                       allow_block_sharing=_param(cfg, "enable_kv_cache_reuse", "false") == "true")
+                                       allow_block_sharing=_param(cfg, "enable_kv_cache_reuse", "false") == "true",
+                                       per_request_processors=True, use_async_batching=False)
         self.manager = self.model.init_continuous_batching(generation_config=gcfg, continuous_batching_config=cbc)
+        self.table = sampling.RequestTable()
+        sampling.install(self.manager, self.table)
+        self.exclude_input_default = _param(cfg, "exclude_input_in_output", "true") == "true"
         self.manager.start()
 
         self.requests = {}
@@ -133,22 +168,49 @@ class TritonPythonModel:
         labels = {"model": "tensorrt_llm", "runtime": "pytorch"}
         gauges = pb_utils.MetricFamily(name="trtpipe_runtime_requests",
                                        description="Requests in the runtime by state (inflight = accepted and "
-                                                   "not finished; generating = at least one token produced and "
-                                                   "not finished; max_concurrent_generating = high-water mark)",
+                                                   "not finished; queued = accepted, no token yet; generating = "
+                                                   "at least one token produced and not finished; "
+                                                   "max_concurrent_generating = high-water mark)",
                                        kind=pb_utils.MetricFamily.GAUGE)
-        self._families = (gauges,)
         self.metric = {k: gauges.Metric(labels={**labels, "state": k})
-                       for k in ("inflight", "generating", "max_concurrent_generating")}
+                       for k in ("inflight", "queued", "generating", "max_concurrent_generating")}
         counters = pb_utils.MetricFamily(name="trtpipe_runtime_total",
-                                         description="Totals since start: requests accepted, failed, tokens generated",
+                                         description="Totals since start: requests accepted, failed, cancelled, "
+                                                     "tokens generated",
                                          kind=pb_utils.MetricFamily.COUNTER)
-        self._families = (gauges, counters)  # a Metric must not outlive its family
         self.counter = {k: counters.Metric(labels={**labels, "kind": k})
-                        for k in ("requests", "failed", "tokens")}
+                        for k in ("requests", "failed", "cancelled", "tokens")}
+        kv = pb_utils.MetricFamily(name="trtpipe_runtime_kv_cache_blocks",
+                                   description="Paged KV cache blocks of the runtime by state (free, total)",
+                                   kind=pb_utils.MetricFamily.GAUGE)
+        self.kv_metric = {k: kv.Metric(labels={**labels, "state": k}) for k in ("free", "total")}
+        self._families = (gauges, counters, kv)  # a Metric must not outlive its family
+
+    def kv_free_blocks(self):
+        """Free blocks of the manager's paged KV cache (None before the first batch creates it)."""
+        bp = getattr(self.manager, "batch_processor", None)
+        cache = getattr(bp, "cache", None)
+        if cache is None:
+            return None
+        return int(round(cache.compute_free_capacity(relative=True) * self.num_blocks))
+
+    def kv_blocks_of(self, rid):
+        """KV blocks the manager's cache holds for one sequence now (0 when unknown or freed)."""
+        cache = getattr(getattr(self.manager, "batch_processor", None), "cache", None)
+        if cache is None:
+            return 0
+        return max([len(getattr(a, "block_table", {}).get(rid, ())) for a in cache.cache_allocators.values()] or [0])
 
     def _publish(self):
-        for k in ("inflight", "generating", "max_concurrent_generating"):
-            self.metric[k].set(self.stats[k])
+        with self.lock:
+            self.stats["queued"] = self.stats["inflight"] - self.stats["generating"]
+            values = {k: self.stats[k] for k in ("inflight", "queued", "generating", "max_concurrent_generating")}
+        for k, v in values.items():
+            self.metric[k].set(v)
+        free = self.kv_free_blocks()
+        self.kv_metric["total"].set(self.num_blocks)
+        if free is not None:
+            self.kv_metric["free"].set(free)
 
     # ---- request intake -----------------------------------------------------------------------
     def execute(self, requests):
@@ -156,7 +218,7 @@ class TritonPythonModel:
             sender = request.get_response_sender() if self.decoupled else None
             try:
                 self._enqueue(request, sender)
-            except RequestError as exc:
+            except (RequestError, sampling.SamplingError) as exc:
                 self._fail(request, sender, str(exc))
             except Exception as exc:  # never let one bad request take the model down
                 self._fail(request, sender, f"internal error: {type(exc).__name__}: {exc}")
@@ -197,30 +259,75 @@ class TritonPythonModel:
                                f"{self.max_seq_len - input_len}")
         if max(ids) >= self.vocab_size or min(ids) < 0:
             raise RequestError(f"input_ids outside the vocabulary [0, {self.vocab_size})")
+        beam_width = int(_opt_scalar(request, "beam_width", 1))
+        if beam_width != 1:
+            raise RequestError(f"beam_width = {beam_width}: the pytorch runtime has no beam search (transformers' "
+                               "continuous batching samples one token per sequence); send beam_width 1, or use "
+                               "num_return_sequences with sampling for several answers")
+        n_seq = int(_opt_scalar(request, "num_return_sequences", 1))
+        if not 1 <= n_seq <= self.max_batch_size:
+            raise RequestError(f"num_return_sequences = {n_seq}: must be between 1 and max_batch_size "
+                               f"{self.max_batch_size}")
+        if self._has_bad_words(request):
+            raise RequestError("bad_words is not supported by the pytorch runtime: remove it (stop_words is)")
         end_id = _opt_scalar(request, "end_id", None)
         end_ids = [int(end_id)] if end_id is not None else list(self.default_end_ids)
         streaming = bool(_opt_scalar(request, "streaming", False))
         perf = bool(_opt_scalar(request, "return_perf_metrics", False))
+        exclude = bool(_opt_scalar(request, "exclude_input_in_output", self.exclude_input_default))
         stop_ids = self._stop_words(request)
-        rid = uuid.uuid4().hex
-        state = _Request(rid, sender, streaming, end_ids, input_len, max_new, perf, stop_ids, request)
+        # One-token stop words that are end ids of the model (preprocessing sends generation_config.json's
+        # other eos ids that way) are end ids here: dropped from the output and held back by min_tokens.
+        end_ids += [w[0] for w in stop_ids if len(w) == 1 and w[0] in self.default_end_ids and w[0] not in end_ids]
+        stop_ids = [w for w in stop_ids if not (len(w) == 1 and w[0] in end_ids)]
+        params = sampling.parse_params(lambda name: _opt_scalar(request, name, None), end_ids=end_ids,
+                                       max_new_tokens=max_new)
+        if n_seq > 1 and params.greedy:
+            raise RequestError(f"num_return_sequences = {n_seq} with greedy decoding gives {n_seq} identical "
+                               "answers: also send temperature > 0, top_k > 1 or top_p < 1")
+        group = _Group(n_seq)
+        states = []
+        for i in range(n_seq):
+            seq_params = params
+            if i and params.seed is not None:  # sequence i of a seeded request: seed + i (reproducible, distinct)
+                seq_params = sampling.SamplingParams(**{**params.__dict__, "seed": params.seed + i})
+            handle = self.table.add(seq_params)
+            states.append(_Request(uuid.uuid4().hex, sender, streaming, end_ids, input_len, max_new, perf, stop_ids,
+                                   request, group=group, seq_index=i, handle=handle, prompt_ids=ids,
+                                   exclude_input=exclude, log_probs=params.return_log_probs))
         with self.lock:
-            self.requests[rid] = state
+            for state in states:
+                self.requests[state.rid] = state
+                self.stats["inflight"] += 1
             self.stats["requests_total"] += 1
-            self.stats["inflight"] += 1
         self.counter["requests"].increment(1)
         self._publish()
-        try:
-            added = self.manager.add_request(ids, request_id=rid, max_new_tokens=max_new, streaming=True,
-                                             eos_token_id=end_ids if end_ids else -1)
-        except Exception as exc:  # e.g. the manager's queue stayed full
-            added, why = None, f"{type(exc).__name__}: {exc}"
-        else:
-            why = "stopping or queue full"
-        if added is None:
-            with self.lock:
-                self._retire_locked(state)
-            raise RequestError(f"the runtime is not accepting requests ({why}): retry later")
+        for state in states:
+            kwargs = self.table.get(state.handle).params.library_kwargs(self.vocab_size)
+            try:
+                added = self.manager.add_request(ids, request_id=state.rid, max_new_tokens=max_new, streaming=True,
+                                                 eos_token_id=end_ids if end_ids else -1,
+                                                 **kwargs, **{sampling.HANDLE_KWARG: state.handle})
+            except Exception as exc:  # e.g. the manager's queue stayed full
+                added, why = None, f"{type(exc).__name__}: {exc}"
+            else:
+                why = "stopping or queue full"
+            if added is None:
+                with self.lock:
+                    for other in states:
+                        if not other.done:
+                            self._retire_locked(other)
+                for other in states:
+                    self.manager.cancel_request(other.rid)
+                raise RequestError(f"the runtime is not accepting requests ({why}): retry later")
+
+    @staticmethod
+    def _has_bad_words(request):
+        t = pb_utils.get_input_tensor_by_name(request, "bad_words_list")
+        if t is None:
+            return False
+        arr = t.as_numpy()
+        return arr.size > 0 and bool((arr.reshape(-1, 2, arr.shape[-1])[:, 1] > 0).any())
 
     @staticmethod
     def _stop_words(request):
@@ -265,13 +372,18 @@ class TritonPythonModel:
                     return
                 self._retire_locked(state)
                 self.stats["requests_failed"] += 1
-                state.sender.send(pb_utils.InferenceResponse(
-                    output_tensors=[], error=pb_utils.TritonError(f"generation failed: {result.error}")), flags=FINAL)
+                if not state.group.closed:
+                    state.group.closed = True
+                    state.sender.send(pb_utils.InferenceResponse(
+                        output_tensors=[], error=pb_utils.TritonError(f"generation failed: {result.error}")),
+                        flags=FINAL)
             self.counter["failed"].increment(1)
             self._publish()
             return
         if state.first_scheduled_ns == 0:
             state.first_scheduled_ns = now
+        if state.perf:
+            state.kv_blocks = max(state.kv_blocks, self.kv_blocks_of(state.rid))
         # Drop end tokens (the C++ backend does not return end_id either) and apply stop words.
         stop_hit = False
         if tokens and tokens[-1] in state.end_ids:
@@ -297,36 +409,56 @@ class TritonPythonModel:
             finished = True
         if state.streaming:
             if new or finished:
-                self._send(state, new, final=finished)
+                self._send(state, new, state.sent, final=finished)
                 state.sent += len(new)
         elif finished:
-            self._send(state, tokens, final=True)
+            self._send(state, tokens, 0, final=True)
             state.sent = len(tokens)
         if finished:
             self._publish()
 
-    def _send(self, state, tokens, final):
-        """Send one response; the final one retires the request first, under the lock that also
-        guards is_cancelled(): a response factory must never be touched after its final send."""
-        out = [pb_utils.Tensor("output_ids", np.asarray([tokens], dtype=np.int32).reshape(1, 1, -1)),
-               pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32))]
+    def _send(self, state, tokens, offset, final):
+        """Send one response (tokens[offset:...] of the sequence); the sequence's last one retires it first,
+        under the lock that also guards is_cancelled(): a response factory must never be touched after
+        the request's final send. Only the last sequence of a request carries the FINAL flag."""
+        entry = self.table.get(state.handle)
+        ids = list(tokens)
+        if not state.exclude_input and offset == 0:  # the prompt leads the first response
+            ids = state.prompt_ids + ids
+        out = [pb_utils.Tensor("output_ids", np.asarray([ids], dtype=np.int32).reshape(1, 1, -1)),
+               pb_utils.Tensor("sequence_length", np.asarray([[len(ids)]], dtype=np.int32)),
+               pb_utils.Tensor("sequence_index", np.asarray([[state.seq_index]], dtype=np.int32))]
+        if state.log_probs and entry is not None:
+            lps = entry.log_probs[offset:offset + len(tokens)]
+            lps += [0.0] * (len(tokens) - len(lps))
+            out += [pb_utils.Tensor("output_log_probs", np.asarray(lps, dtype=np.float32).reshape(1, 1, -1)),
+                    pb_utils.Tensor("cum_log_probs", np.asarray([[sum(entry.log_probs[:offset + len(tokens)])]],
+                                                                dtype=np.float32))]
         if state.perf:
             for name, value in (("arrival_time_ns", state.arrival_ns),
                                 ("first_scheduled_time_ns", state.first_scheduled_ns),
                                 ("first_token_time_ns", state.first_token_ns),
-                                ("last_token_time_ns", state.last_token_ns)):
+                                ("last_token_time_ns", state.last_token_ns),
+                                ("kv_cache_alloc_new_blocks", state.kv_blocks),
+                                ("kv_cache_reused_blocks", 0)):  # prefix reuse is not reported by the library
                 out.append(pb_utils.Tensor(name, np.asarray([[value]], dtype=np.int64)))
         with self.lock:
-            if state.done:
+            if state.done or state.group.closed:
                 return
+            flags = 0
             if final:
                 self._retire_locked(state)
-            state.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=FINAL if final else 0)
+                state.group.remaining -= 1
+                if state.group.remaining == 0:
+                    state.group.closed = True
+                    flags = FINAL
+            state.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=flags)
 
     def _retire_locked(self, state):
-        """Mark a request finished and drop it from the tables (caller holds self.lock)."""
+        """Mark a sequence finished and drop it from the tables (caller holds self.lock)."""
         state.done = True
         self.requests.pop(state.rid, None)
+        self.table.drop(state.handle)
         self.stats["inflight"] -= 1
         if state.first_token_ns:
             self.stats["generating"] -= 1
@@ -340,14 +472,17 @@ class TritonPythonModel:
                     if state.done or not state.sender.is_cancelled():
                         continue
                     state.cancelled = True
-                    self.manager.cancel_request(state.rid)  # frees the request's KV blocks
+                    self.manager.cancel_request(state.rid)  # frees the sequence's KV blocks
                     self._retire_locked(state)
-                    cancelled += 1
-                    state.sender.send(pb_utils.InferenceResponse(
-                        output_tensors=[], error=pb_utils.TritonError("request cancelled")), flags=FINAL)
+                    if not state.group.closed:
+                        state.group.closed = True
+                        cancelled += 1
+                        state.sender.send(pb_utils.InferenceResponse(
+                            output_tensors=[], error=pb_utils.TritonError("request cancelled")), flags=FINAL)
                 self.stats["requests_cancelled"] = self.stats.get("requests_cancelled", 0) + cancelled
             if cancelled:
-                self._publish()
+                self.counter["cancelled"].increment(cancelled)
+            self._publish()  # also refreshes the KV free-block gauge
 
     def finalize(self):
         self.stop_event.set()

@@ -1,0 +1,94 @@
+"""The portable runtime's per-request sampling (templates/tensorrt_llm_pytorch/1/sampling.py) on a
+real transformers ContinuousBatchingManager with a tiny random Llama: no server, seconds."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+from model_repo.generate import TEMPLATES
+
+spec = importlib.util.spec_from_file_location("trtpipe_sampling", TEMPLATES / "tensorrt_llm_pytorch/1/sampling.py")
+sampling = sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sampling)
+
+PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 1789, 30]
+END = (2, 0)
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_llama):
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32, attn_implementation="sdpa").eval()
+    gcfg = GenerationConfig(max_new_tokens=64, eos_token_id=list(END), pad_token_id=2, **sampling.CREATION_DEFAULTS)
+    cbc = ContinuousBatchingConfig(page_size=16, num_blocks=64, max_batch_tokens=256, max_requests_per_batch=4,
+                                   per_request_processors=True, use_async_batching=False)
+    manager = model.init_continuous_batching(generation_config=gcfg, continuous_batching_config=cbc)
+    table = sampling.RequestTable()
+    sampling.install(manager, table)
+    manager.start()
+    counter = iter(range(10**6))
+
+    def run(max_new=12, **opts):
+        names = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "random_seed"}
+        given = {names.get(k, k): v for k, v in opts.items()}
+        params = sampling.parse_params(given.get, end_ids=END, max_new_tokens=max_new)
+        handle = table.add(params)
+        rid = f"r{next(counter)}"
+        manager.add_request(PROMPT, request_id=rid, max_new_tokens=max_new, eos_token_id=list(END),
+                            **params.library_kwargs(49152), **{sampling.HANDLE_KWARG: handle})
+        while True:
+            res = manager.get_result(request_id=rid, timeout=60)
+            assert res is not None and not res.error, res
+            if res.is_finished():
+                entry = table.get(handle)
+                table.drop(handle)
+                return list(res.generated_tokens), entry
+
+    yield run
+    manager.stop(block=True)
+
+
+def test_greedy_is_deterministic_and_top_k_1_equals_greedy(runner):
+    greedy, _ = runner()
+    assert greedy == runner()[0]
+    assert runner(top_k=1, temperature=1.5, seed=3)[0] == greedy
+    assert runner(temperature=0.0, top_p=0.9)[0] == greedy
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(runner):
+    a, _ = runner(temperature=1.5, seed=1)
+    assert runner(temperature=1.5, seed=1)[0] == a
+    others = [runner(temperature=1.5, seed=s)[0] for s in (2, 3)]
+    assert any(o != a for o in others)
+
+
+def test_repetition_penalty_reduces_repeats(runner):
+    plain, _ = runner(max_new=24)
+    penalised, _ = runner(max_new=24, repetition_penalty=10.0)
+    assert len(set(penalised)) > len(set(plain)) or len(set(penalised)) == len(penalised), (plain, penalised)
+
+
+def test_min_tokens_holds_back_end_ids(runner):
+    out, _ = runner(max_new=20, min_tokens=20)
+    assert len(out) == 20 and not set(out[:-1]) & set(END)
+
+
+def test_log_probs_are_recorded_per_token(runner):
+    out, entry = runner(max_new=6, return_log_probs=True)
+    assert len(entry.log_probs) >= len(out) and all(lp <= 0 for lp in entry.log_probs)
+
+
+@pytest.mark.parametrize("opts, match", [({"temperature": -1.0}, "temperature"), ({"top_p": 1.5}, "top_p"),
+                                         ({"min_tokens": 50}, "min_tokens"), ({"repetition_penalty": 0.0},
+                                                                              "repetition_penalty")])
+def test_bad_options_are_refused(opts, match):
+    names = {"top_p": "runtime_top_p"}
+    with pytest.raises(sampling.SamplingError, match=match):
+        sampling.parse_params({names.get(k, k): v for k, v in opts.items()}.get, end_ids=END, max_new_tokens=16)
