@@ -28,6 +28,8 @@ from pipeline.fsutil import atomic_dir
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 BOOTSTRAP_MARKER = "# @@BOOTSTRAP@@"
+RUNTIME_CONFIG_MARKER = "# @@RUNTIME_CONFIG@@"
+RUNTIME_CONFIG = Path(__file__).resolve().parent / "runtime_config.py"
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,8 @@ def check_against_engine(build, engine: dict, tokenizer_dir: Path, *, engine_bui
 
 
 def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | None = None,
-                    sys_path: list[str] | None = None, build_config: dict | None = None) -> RepositoryPlan:
+                    sys_path: list[str] | None = None, build_config: dict | None = None,
+                    kv_pool_tokens: int | None = None) -> RepositoryPlan:
     """Compute the repository plan for a built engine, after checking it against the spec.
 
     Args:
@@ -246,6 +249,8 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
         sys_path: site-packages folders for the Python models (default: this interpreter's).
         build_config: the engine's limits when the engine is not built yet (a GPU-host bundle);
             default: read from the engine folder (engine.json, or a trtllm-build config.json).
+        kv_pool_tokens: the planner's KV pool in tokens (plan.json memory.kv.capacity_tokens); on GPU
+            targets the portable runtime allocates that many KV slots (default: max_batch_size x max_seq_len).
 
     Raises:
         RepositoryError: the spec contradicts the engine or the tokenizer (every problem listed).
@@ -293,7 +298,7 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
         llm = _plan_trtllm_model(build, engine_dir, bc, engine_src, decoupled, dec_src)
         common(llm)
     else:
-        llm = _plan_python_llm_model(build, target, engine_dir, bc, engine_src, decoupled, dec_src)
+        llm = _plan_python_llm_model(build, target, engine_dir, bc, engine_src, decoupled, dec_src, kv_pool_tokens)
         common(llm)
 
     ens = common(ModelPlan("ensemble", "ensemble"))
@@ -329,7 +334,7 @@ def _set_client_tensors(mp: ModelPlan, prefix: str) -> None:
 
 
 def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src: str, decoupled: bool,
-                           dec_src: str) -> ModelPlan:
+                           dec_src: str, kv_pool_tokens: int | None = None) -> ModelPlan:
     """The Python-backend `tensorrt_llm` model (pytorch and trtllm-llmapi runtimes)."""
     s = build.settings
     llm = ModelPlan("tensorrt_llm", RUNTIME_TEMPLATES[s.runtime])
@@ -343,9 +348,21 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     for key in ("max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width", "tokens_per_block"):
         llm.set(key, bc[key], f"{engine_src}.{key}")
     kv = s.serving.max_tokens_in_paged_kv_cache
-    llm.set("max_tokens_in_paged_kv_cache", kv if kv else bc["max_batch_size"] * bc["max_seq_len"],
-            "spec: serving.max_tokens_in_paged_kv_cache" if kv else
-            "plan: max_batch_size x max_seq_len (every slot can hold a full sequence)")
+    gpu = target.kind == "gpu"
+    if kv:
+        llm.set("max_tokens_in_paged_kv_cache", kv, "spec: serving.max_tokens_in_paged_kv_cache")
+    elif gpu and kv_pool_tokens:
+        llm.set("max_tokens_in_paged_kv_cache", kv_pool_tokens,
+                "plan: memory.kv.capacity_tokens (serving.kv_cache_free_gpu_mem_fraction of the GPU memory left "
+                "after weights and activations; allocated once, like the TensorRT-LLM backend's pool)")
+    else:
+        llm.set("max_tokens_in_paged_kv_cache", bc["max_batch_size"] * bc["max_seq_len"],
+                "plan: max_batch_size x max_seq_len (every slot can hold a full sequence)")
+    llm.set("cuda_graph_mode", "auto", "transformers decides (graphs for the decode and varlen paths on GPU)")
+    llm.set("async_batching", "false" if gpu else "auto",
+            "GPU: off -- transformers' async double-buffering doubles the batch buffers and was far slower on "
+            "the H200 (docs/benchmarks/h200.md)" if gpu else "CPU: transformers decides (unchanged)")
+    llm.set("library_defaults", "false", "the planner's settings, not transformers' own sizing")
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")
@@ -460,7 +477,8 @@ def render_model_py(template: str) -> str:
     text = (TEMPLATES / template / "1" / "model.py").read_text()
     boot = (TEMPLATES / "_bootstrap.py").read_text()
     lines = text.splitlines(keepends=True)
-    out = [boot if line.startswith(BOOTSTRAP_MARKER) else line for line in lines]
+    swap = {BOOTSTRAP_MARKER: boot, RUNTIME_CONFIG_MARKER: RUNTIME_CONFIG.read_text()}
+    out = [next((v for k, v in swap.items() if line.startswith(k)), line) for line in lines]
     return "".join(out)
 
 

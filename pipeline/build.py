@@ -272,21 +272,31 @@ def _engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult, out, 
 
 
 def _package_stage(build, target: TargetProfile, engine: StageResult, out, force) -> StageResult:
-    from model_repo.generate import TEMPLATES, default_sys_path, plan_repository, write_repository
+    from model_repo.generate import RUNTIME_CONFIG, TEMPLATES, default_sys_path, plan_repository, write_repository
 
     s = build.settings
-    templates = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.rglob("*")) if p.is_file()))
+    templates = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.rglob("*")) if p.is_file())
+                               + RUNTIME_CONFIG.read_bytes())
+    kv_pool = _planned_kv_tokens(out / "plan.json")
     key = stage_key(stage="model_repo", engine=engine.key, serving=s.serving.model_dump(mode="json"),
                     target=target.model_dump(mode="json"), templates=templates.hexdigest(),
-                    sys_path=default_sys_path(), engine_dir=str(engine.path))
+                    sys_path=default_sys_path(), engine_dir=str(engine.path), kv_pool=kv_pool)
 
     def produce(tmp: Path) -> dict:
         tok = engine.path / "tokenizer"  # trtllm-build engines keep the tokenizer in a subfolder
-        plan = plan_repository(build, target, engine.path, tokenizer_dir=tok if tok.is_dir() else None)
+        plan = plan_repository(build, target, engine.path, tokenizer_dir=tok if tok.is_dir() else None,
+                               kv_pool_tokens=kv_pool)
         configs = write_repository(plan, tmp, atomic=False)
         return {"models": sorted(configs)}
 
     return run_stage("model_repo", out / "model_repo", key, produce, force=force)
+
+
+def _planned_kv_tokens(plan_path: Path) -> int | None:
+    """The planner's KV pool in tokens (plan.json memory.kv.capacity_tokens), or None without a plan."""
+    if not plan_path.is_file():
+        return None
+    return json.loads(plan_path.read_text()).get("memory", {}).get("kv", {}).get("capacity_tokens")
 
 
 def trtllm_plugins(build: ResolvedBuild, target: TargetProfile, ckpt_dir: Path | None = None) -> list:

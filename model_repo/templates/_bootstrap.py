@@ -20,4 +20,9 @@ def _bootstrap_sys_path():
 
 
 _bootstrap_sys_path()
+# Packages compiled against numpy 2 (scikit-learn on a numpy-2 image) break under the stub's
+# numpy<2, and transformers imports scikit-learn whenever it is installed. Names listed in
+# TRTPIPE_STUB_BLOCK_MODULES are made to look absent (find_spec returns None for them).
+for _name in [n for n in _os.environ.get("TRTPIPE_STUB_BLOCK_MODULES", "").split(",") if n]:
+    _sys.modules.setdefault(_name, None)
 # --- end of bootstrap

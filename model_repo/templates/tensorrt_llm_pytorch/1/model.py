@@ -11,6 +11,7 @@
 # request (each response names its sequence_index); beam search is refused.
 
 # @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+# @@RUNTIME_CONFIG@@ (replaced at package time by model_repo/runtime_config.py: the CB settings)
 
 import queue
 import threading
@@ -111,14 +112,11 @@ class TritonPythonModel:
         with open(_os.path.join(engine_dir, "engine.json")) as fh:
             self.engine = _json.load(fh)
         bc = self.engine["build_config"]
-        self.max_batch_size = int(_param(cfg, "max_batch_size", bc["max_batch_size"]))
-        self.max_input_len = int(_param(cfg, "max_input_len", bc["max_input_len"]))
-        self.max_seq_len = int(_param(cfg, "max_seq_len", bc["max_seq_len"]))
-        self.max_num_tokens = int(_param(cfg, "max_num_tokens", bc["max_num_tokens"]))
-        self.tokens_per_block = int(_param(cfg, "tokens_per_block", bc["tokens_per_block"]))
-        kv_tokens = _param(cfg, "max_tokens_in_paged_kv_cache")
-        kv_tokens = int(kv_tokens) if kv_tokens else self.max_batch_size * self.max_seq_len
-        self.num_blocks = max(1, -(-kv_tokens // self.tokens_per_block))
+        params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+        self.settings = runtime_settings(params, bc)
+        for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block",
+                    "num_blocks"):
+            setattr(self, key, self.settings[key])
         device = _param(cfg, "device", "cpu")
         if device == "cuda" and not torch.cuda.is_available():
             raise pb_utils.TritonModelException("device=cuda but torch sees no GPU")
@@ -136,12 +134,7 @@ class TritonPythonModel:
         # at creation (each request then passes its own; see sampling.py).
         gcfg = GenerationConfig(max_new_tokens=self.max_seq_len, eos_token_id=self.default_end_ids or None,
                                 pad_token_id=self.pad_id, **sampling.CREATION_DEFAULTS)
-        max_queue = int(_param(cfg, "max_queue_size", "0"))
-        cbc = ContinuousBatchingConfig(page_size=self.tokens_per_block, num_blocks=self.num_blocks,
-                                       max_batch_tokens=self.max_num_tokens,
-                                       max_requests_per_batch=self.max_batch_size, max_queue_size=max_queue,
-                                       allow_block_sharing=_param(cfg, "enable_kv_cache_reuse", "false") == "true",
-                                       per_request_processors=True, use_async_batching=False)
+        cbc = continuous_batching_config(self.settings)
         self.manager = self.model.init_continuous_batching(generation_config=gcfg, continuous_batching_config=cbc)
         self.table = sampling.RequestTable()
         sampling.install(self.manager, self.table)
@@ -161,7 +154,8 @@ class TritonPythonModel:
         self.canceller.start()
         pb_utils.Logger.log_info(
             f"tensorrt_llm[pytorch]: engine {engine_dir}, device {device}, dtype {dtype}, max_batch_size "
-            f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens")
+            f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens, "
+            f"settings {self.settings}")
 
     # ---- metrics (Triton's /metrics endpoint) --------------------------------------------------
     def _init_metrics(self):

@@ -1,0 +1,63 @@
+# Continuous-batching settings of the portable `pytorch` runtime: ONE function used by the served
+# model (spliced into tensorrt_llm_pytorch/1/model.py at package time, which cannot import the
+# project) and by anything that drives the same runtime in-process (scripts/bench_h200.py), so
+# both run with exactly the same ContinuousBatchingConfig. Standard library + transformers only.
+
+
+def _flag(value, default=None):
+    """'true'/'false'/'auto'/'' (from a config.pbtxt string parameter) -> True/False/None."""
+    if value is None:
+        return default
+    text = str(value).strip().lower()
+    if text in ("", "auto", "none", "default"):
+        return default
+    return text in ("1", "true", "yes", "on")
+
+
+def runtime_settings(params, build_config):
+    """The runtime's settings from the tensorrt_llm model's string parameters and the engine limits.
+
+    ``params`` maps parameter names to strings (missing or empty = the engine's value or the
+    library default); ``build_config`` is engine.json's build_config. Returns plain values:
+    max_batch_size, max_input_len, max_seq_len, max_num_tokens, tokens_per_block, num_blocks,
+    max_queue_size, allow_block_sharing, use_cuda_graph, use_async_batching, library_defaults.
+    """
+    def get(key, default=None):
+        value = params.get(key)
+        return default if value is None or value == "" or str(value).startswith("${") else value
+
+    s = {k: int(get(k, build_config[k])) for k in
+         ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block")}
+    kv_tokens = get("max_tokens_in_paged_kv_cache")
+    kv_tokens = int(kv_tokens) if kv_tokens else s["max_batch_size"] * s["max_seq_len"]
+    s["num_blocks"] = max(1, -(-kv_tokens // s["tokens_per_block"]))
+    s["max_queue_size"] = int(get("max_queue_size", "0"))
+    s["allow_block_sharing"] = _flag(get("enable_kv_cache_reuse"), False)
+    s["use_cuda_graph"] = _flag(get("cuda_graph_mode"), None)
+    s["use_async_batching"] = _flag(get("async_batching"), None)
+    # "true": let transformers size everything itself (KV share of free memory, block size, batch
+    # token budget, CUDA graphs, async batching) -- the baseline the planner's choice is measured against.
+    s["library_defaults"] = _flag(get("library_defaults"), False)
+    return s
+
+
+def continuous_batching_config(settings):
+    """transformers' ContinuousBatchingConfig for ``settings`` (from :func:`runtime_settings`).
+
+    transformers 5.17 names the block size ``block_size``, 5.24 ``page_size``: the field the
+    installed version declares is used.
+    """
+    import dataclasses
+
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
+    # per_request_processors: each request carries its own temperature/top_k/top_p (sampling.py).
+    kw = {"max_queue_size": settings["max_queue_size"], "per_request_processors": True}
+    if not settings.get("library_defaults"):
+        kw.update(num_blocks=settings["num_blocks"], max_batch_tokens=settings["max_num_tokens"],
+                  max_requests_per_batch=settings["max_batch_size"],
+                  allow_block_sharing=settings["allow_block_sharing"],
+                  use_cuda_graph=settings["use_cuda_graph"], use_async_batching=settings["use_async_batching"])
+        kw["page_size" if "page_size" in fields else "block_size"] = settings["tokens_per_block"]
+    return ContinuousBatchingConfig(**{k: v for k, v in kw.items() if k in fields})

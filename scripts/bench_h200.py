@@ -1,0 +1,453 @@
+"""The pipeline on one GPU, side by side with its in-process runtime, a naive server and the hardware floor.
+
+One run (each phase a subprocess, so GPU memory is returned between them):
+
+  engine     a Llama-3-8B-shaped model with seeded random bf16 weights, written as the portable
+             runtime's engine folder (HF weights + engine.json) with SmolLM2's tokenizer; lm_head rows
+             past the tokenizer's vocabulary are zero, so every generated id decodes. Its text is
+             meaningless: only its speed is representative.
+  repos      Triton repositories from the bench build (configs/builds/bench-h200.yaml) through
+             model_repo.generate: `cb` (the pipeline's runtime with the planner's settings), `defaults`
+             (the same runtime with transformers' own sizing), `static` (tensorrt_llm_static: plain
+             `generate` on static padded batches).
+  bandwidth  device-to-device copy bandwidth (bytes read + written).
+  inproc     the same runtime called in-process with the ContinuousBatchingConfig built by the same
+             function the served model uses (model_repo.runtime_config), same prompts, closed loop.
+  served     tritonserver per repository, then `trtpipe loadtest` closed loop (ignore-eos) per point.
+  quant      ModelOpt fp8 and int4_awq quantize + export of the engine folder: wall time, peak memory.
+
+Writes one JSON per phase under --out (default $OUT, else build/bench/out) and prints a table.
+--smoke: the same code on the CPU with a tiny random model and tiny workloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("bench")
+LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                 num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,
+                 rms_norm_eps=1e-5, tie_word_embeddings=False)
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=49152, max_position_embeddings=1024, rope_theta=100000.0,
+            rms_norm_eps=1e-5, tie_word_embeddings=False)
+SPEC = ROOT / "configs" / "builds" / "bench-h200.yaml"
+
+
+def _json_dump(obj, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj, indent=1, default=str) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- engine
+def make_engine(work: Path, tokenizer_dir: Path, shape: dict, target: str, dtype: str, device: str) -> Path:
+    """The random model as the portable runtime's engine folder (skipped when it exists)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from builders.model_fetch import copy_tokenizer
+    from pipeline.build import _build_config
+    from pipeline.spec import load_spec
+
+    out = work / "engine"
+    if (out / "engine.json").is_file():
+        return out
+    tmp = work / "engine.tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(1234)
+    tdtype = getattr(torch, dtype)
+    cfg = LlamaConfig(**shape, bos_token_id=1, eos_token_id=2, pad_token_id=2, torch_dtype=dtype)
+    t0 = time.perf_counter()
+    with torch.device(device):
+        torch.set_default_dtype(tdtype)
+        model = LlamaForCausalLM(cfg)
+        torch.set_default_dtype(torch.float32)
+    ntok = len(AutoTokenizer.from_pretrained(str(tokenizer_dir)))
+    with torch.no_grad():
+        model.lm_head.weight[ntok:].zero_()  # ids the tokenizer cannot decode are never the argmax
+    model.save_pretrained(str(tmp))
+    copy_tokenizer(tokenizer_dir, tmp)
+    gen = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "do_sample": False}
+    (tmp / "generation_config.json").write_text(json.dumps(gen) + "\n")
+    bc = _build_config(load_spec(SPEC, target))
+    engine = {"format": "trtpipe-pytorch-engine", "format_version": 1, "runtime": "pytorch",
+              "checkpoint_quant_algo": None, "note": "seeded random weights (bench_h200.py); text is meaningless",
+              "build_config": bc,
+              "pretrained_config": {"architecture": "LlamaForCausalLM", "dtype": dtype, **shape,
+                                    "head_size": shape["hidden_size"] // shape["num_attention_heads"]}}
+    (tmp / "engine.json").write_text(json.dumps(engine, indent=2) + "\n")
+    tmp.rename(out)
+    log.info("engine: %.1f B params written to %s in %.1f s", sum(p.numel() for p in model.parameters()) / 1e9,
+             out, time.perf_counter() - t0)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- repos
+def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str]) -> dict:
+    """cb / defaults / static Triton repositories over the same engine; returns the plan facts."""
+    from model_repo.generate import plan_repository, write_repository
+    from pipeline.plan import compute_plan, read_hf_config
+    from pipeline.spec import load_spec
+    from pipeline.targets import get_target
+
+    build = load_spec(SPEC, target_name)
+    build = build.model_copy(update={"model": build.model.model_copy(update={"source": str(engine)})})
+    target = get_target(target_name)
+    plan = compute_plan(build, target, read_hf_config(engine))
+    kv_tokens = plan.memory.kv.capacity_tokens
+    facts = {"kv_pool_tokens": kv_tokens, "kv_pool_gib": plan.memory.kv.pool_bytes / 2**30,
+             "kv_bytes_per_token": plan.memory.kv.bytes_per_token, "weights_bytes": plan.memory.weights_bytes_per_rank,
+             "limits": build.settings.limits.model_dump(), "serving": build.settings.serving.model_dump()}
+    for name in ("cb", "defaults", "static"):
+        out = work / f"repo-{name}"
+        if (out / "ensemble" / "config.pbtxt").is_file():
+            continue
+        rp = plan_repository(build, target, engine, sys_path=sys_path, kv_pool_tokens=kv_tokens)
+        llm = next(m for m in rp.models if m.name == "tensorrt_llm")
+        if name == "defaults":
+            llm.set("library_defaults", "true", "bench: transformers sizes the KV cache, blocks, batch and graphs")
+        if name == "static":
+            llm.template = "tensorrt_llm_static"
+        write_repository(rp, out)
+    facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
+    return facts
+
+
+def _params(repo: Path) -> dict:
+    from model_repo.generate import parse_config
+
+    cfg = parse_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm")
+    return {k: v.string_value for k, v in cfg.parameters.items()}
+
+
+# ---------------------------------------------------------------------------------------------- bandwidth
+def bandwidth(device: str, gib: float) -> dict:
+    import torch
+
+    n = int(gib * 2**30)
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    reps, t0 = 10, time.perf_counter()
+    for _ in range(reps):
+        b.copy_(a)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / reps
+    return {"bytes_copied": n, "seconds_per_copy": dt, "read_plus_write_bytes_per_s": 2 * n / dt,
+            "how": f"torch copy_ of {gib} GiB, mean of {reps} after 3 warm-ups, bytes read + written"}
+
+
+# ---------------------------------------------------------------------------------------------- in-process
+def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple], seed: int) -> dict:
+    """The served runtime's settings, called in-process: closed loop at each (isl, osl, conc, n)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from model_repo.runtime_config import continuous_batching_config, runtime_settings
+    from pipeline.loadtest.metrics import RequestRecord, summarize
+    from pipeline.loadtest.workload import load_tokenizer, synthetic
+
+    bc = json.loads((engine / "engine.json").read_text())["build_config"]
+    settings = runtime_settings(_params(repo), bc)
+    model = AutoModelForCausalLM.from_pretrained(str(engine), dtype=getattr(torch, dtype),
+                                                 attn_implementation="sdpa").to(device).eval()
+    tok = AutoTokenizer.from_pretrained(str(engine))
+    lt_tok = load_tokenizer(engine)
+    gcfg = GenerationConfig(max_new_tokens=bc["max_seq_len"], do_sample=False, eos_token_id=[2], pad_token_id=2)
+    t0 = time.perf_counter()
+    manager = model.init_continuous_batching(generation_config=gcfg,
+                                             continuous_batching_config=continuous_batching_config(settings))
+    manager.start()
+    init_s = time.perf_counter() - t0
+    never = int(model.config.vocab_size)  # end id never generated: fixed output lengths (ignore-eos)
+    results = []
+    try:
+        for k, (isl, osl, conc, n) in enumerate(points):
+            wl = synthetic(n + 2, str(isl), str(osl), lt_tok, seed=seed + 1000 * k, offset=k * (n + 2))
+            prompts = [tok.encode(r.prompt, add_special_tokens=True) for r in wl.requests]
+            _closed_loop(manager, prompts[:2], osl, 2, never, warmup=True)
+            recs = _closed_loop(manager, prompts[2:], osl, conc, never)
+            s = summarize(recs)
+            results.append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc, "requests": n},
+                            "summary": s})
+            log.info("inproc %s/%s c=%d: %.0f tok/s", isl, osl, conc, s.get("output_token_throughput", 0))
+    finally:
+        manager.stop(block=True)
+    return {"settings": settings, "init_s": init_s, "points": results}
+
+
+def _closed_loop(manager, prompts, osl, conc, never, warmup=False):
+    from pipeline.loadtest.metrics import RequestRecord
+
+    recs, pending, lock = {}, list(enumerate(prompts)), threading.Lock()
+
+    def submit():
+        i, ids = pending.pop(0)
+        rid = f"r{'w' if warmup else ''}{i}-{time.monotonic_ns()}"
+        rec = RequestRecord(index=i, scheduled=time.monotonic(), input_tokens=len(ids), requested_tokens=osl,
+                            warmup=warmup)
+        rec.sent = time.monotonic()
+        recs[rid] = [rec, 0]
+        manager.add_request(ids, request_id=rid, max_new_tokens=osl, streaming=True, eos_token_id=[never])
+
+    for _ in range(min(conc, len(pending))):
+        submit()
+    done = 0
+    while done < len(prompts):
+        r = manager.get_result(timeout=1.0)
+        if r is None or r.request_id not in recs:
+            continue
+        now = time.monotonic()
+        rec, seen = recs[r.request_id]
+        toks = len(r.generated_tokens)
+        if toks > seen:
+            rec.response_times.append(now)
+            rec.response_tokens.append(toks - seen)
+            recs[r.request_id][1] = toks
+        if r.is_finished():
+            rec.done = now
+            done += 1
+            if pending:
+                submit()
+    return [v[0] for v in recs.values()]
+
+
+# ---------------------------------------------------------------------------------------------- served
+def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple], seed: int, ports: list[int]) -> dict:
+    from pipeline.loadtest.api import run_loadtest
+    from pipeline.loadtest.config import LoadTestConfig
+    from pipeline.serve import ServerConfig, TritonServer
+
+    cfg = ServerConfig(model_repository=repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                       python_path=python_path, log_file=repo.parent / f"{repo.name}.log", ready_timeout_s=900)
+    t0 = time.perf_counter()
+    out = {"points": []}
+    with TritonServer(cfg):
+        out["ready_s"] = time.perf_counter() - t0
+        for k, (isl, osl, conc, n) in enumerate(points):
+            lt = LoadTestConfig(url=cfg.grpc_url, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
+                                concurrency=[conc], num_requests=n, warmup=2, input_len=str(isl),
+                                output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
+                                seed=seed + 1000 * k, request_timeout_s=600, drain_timeout_s=600,
+                                max_client_cpu=0.95)
+            rep = run_loadtest(lt)
+            p = rep["points"][0]
+            s = p["summary"]
+            out["points"].append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc,
+                                            "requests": n}, "summary": s, "validity": p["validity"],
+                                  "client": p["client"], "requests": p["requests"]})
+            log.info("%s %s/%s c=%d: %.0f tok/s", repo.name, isl, osl, conc, s.get("output_token_throughput", 0))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- quant
+def quant(engine: Path, work: Path, algos: list[str], samples: int, seq: int) -> dict:
+    import shutil
+
+    import torch
+
+    from builders.quantize import quantize_to_checkpoint
+
+    out = {"calibration": f"{samples} random-token sequences x {seq} tokens (enough for timing, not for accuracy)"}
+    g = torch.Generator().manual_seed(0)
+    calib = [torch.randint(3, 49152, (seq,), generator=g).tolist() for _ in range(samples)]
+    for algo in algos:
+        dst = work / f"ckpt-{algo}"
+        shutil.rmtree(dst, ignore_errors=True)
+        dst.mkdir(parents=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        try:
+            info = quantize_to_checkpoint(engine, dst, quant_algo=algo, group_size=128, kv_cache_quant_algo=None,
+                                          dtype="bfloat16", tp_size=1, pp_size=1, decoder_type="llama",
+                                          calib_samples=calib)
+            err = None
+        except Exception as exc:  # report, keep going
+            info, err = {}, f"{type(exc).__name__}: {exc}"
+        wall = time.perf_counter() - t0
+        peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+        size = sum(f.stat().st_size for f in dst.glob("*.safetensors"))
+        out[algo] = {"wall_s": wall, "peak_gpu_bytes": peak, "checkpoint_bytes": size, "info": info, "error": err}
+        log.info("quant %s: %.1f s, peak %s, %s", algo, wall, peak, err or "ok")
+        shutil.rmtree(dst, ignore_errors=True)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- floor + table
+def floor(weights_bytes: int, kv_bpt: int, bw: float, isl: int, osl: int, conc: int) -> dict:
+    """Decode-step floor: weights + the batch's KV (mean context isl + osl/2) read once per step."""
+    kv = conc * (isl + osl / 2) * kv_bpt
+    step = (weights_bytes + kv) / bw
+    return {"step_s": step, "tok_s": conc / step, "bytes_per_step": weights_bytes + kv}
+
+
+def _g(s: dict, dotted: str):
+    cur = s
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def table(results: dict) -> str:
+    facts, bw = results.get("repos", {}), results.get("bandwidth", {}).get("read_plus_write_bytes_per_s")
+    rows = [("config", "isl/osl", "conc", "n", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "TPOT p50",
+             "TPOT p99", "E2E p99", "floor tok/s", "of floor")]
+    for name in ("served-cb", "inproc-cb", "served-static", "served-defaults", "inproc-defaults"):
+        for p in results.get(name, {}).get("points", []):
+            s, pt = p["summary"], p["point"]
+            fl = floor(facts["weights_bytes"], facts["kv_bytes_per_token"], bw, pt["input_len"], pt["output_len"],
+                       pt["concurrency"]) if bw and facts else None
+            tput = s.get("output_token_throughput")
+            rows.append((name, f"{pt['input_len']}/{pt['output_len']}", pt["concurrency"], pt["requests"],
+                         _n(tput, 0), _n(s.get("request_throughput"), 2), _ms(_g(s, "ttft_s.p50")),
+                         _ms(_g(s, "ttft_s.p99")), _ms(_g(s, "tpot_s.p50")), _ms(_g(s, "tpot_s.p99")),
+                         _ms(_g(s, "e2e_s.p99")), _n(fl["tok_s"], 0) if fl else "-",
+                         f"{tput / fl['tok_s']:.1%}" if fl and tput else "-"))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def _n(x, nd):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def _ms(x):
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x * 1e3:.0f}ms"
+
+
+# ---------------------------------------------------------------------------------------------- driver
+def parse_points(text: str, reqs: str) -> list[tuple]:
+    """'128/128:1,8,32' ; requests per point from 'min:factor:max' (n = clamp(factor x conc))."""
+    lo, factor, hi = (int(x) for x in reqs.split(":"))
+    pts = []
+    for chunk in text.split(";"):
+        shape, concs = chunk.split(":")
+        isl, osl = (int(x) for x in shape.split("/"))
+        for c in concs.split(","):
+            c = int(c)
+            pts.append((isl, osl, c, max(lo, min(hi, factor * c))))
+    return pts
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny random model on the CPU, tiny workloads")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "build" / "bench" / "out"))
+    ap.add_argument("--work", type=Path, default=None, help="engine and repositories (default /tmp/bench or build/)")
+    ap.add_argument("--tokenizer", type=Path, required=True, help="SmolLM2 tokenizer folder")
+    ap.add_argument("--phases", default="engine,repos,bandwidth,inproc,served",
+                    help="comma list of: engine repos bandwidth inproc served static defaults quant")
+    ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
+    ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
+    ap.add_argument("--python-path", default="", help="TRTPIPE_PYTHONPATH for the stub (numpy<2 first)")
+    ap.add_argument("--quant-algos", default="fp8,int4_awq")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file names")
+    ap.add_argument("--phase-child", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    device, dtype, target = ("cpu", "float32", "cpu") if a.smoke else ("cuda", "bfloat16", "h200")
+    shape = TINY if a.smoke else LLAMA3_8B
+    work = a.work or (ROOT / "build" / "bench" / ("smoke" if a.smoke else "h200"))
+    engine = work / "engine"
+    points = parse_points(a.points, a.requests)
+    pypath = [p for p in a.python_path.split(os.pathsep) if p] or None
+    a.out.mkdir(parents=True, exist_ok=True)
+
+    if a.phase_child:  # one phase in this process
+        ph = a.phase_child
+        if ph == "engine":
+            make_engine(work, a.tokenizer, shape, target, dtype, device)
+            res = {"engine": str(engine), "shape": shape}
+        elif ph == "repos":
+            from model_repo.generate import default_sys_path
+
+            res = make_repos(work, engine, target, pypath or default_sys_path())
+        elif ph == "bandwidth":
+            res = bandwidth(device, 0.25 if a.smoke else 4.0)
+        elif ph in ("inproc", "inproc-defaults"):
+            res = inproc(engine, work / ("repo-cb" if ph == "inproc" else "repo-defaults"), device, dtype,
+                         points, seed=7)
+        elif ph in ("served", "static", "defaults"):
+            from pipeline.serve import free_ports
+
+            repo = work / f"repo-{ {'served': 'cb'}.get(ph, ph) }"
+            res = served(repo, engine, pypath or [], points, seed=7, ports=free_ports(3))
+        elif ph == "quant":
+            res = quant(engine, work, a.quant_algos.split(","), samples=2 if a.smoke else 4, seq=64 if a.smoke else 128)
+        else:
+            raise SystemExit(f"unknown phase {ph}")
+        _json_dump(res, work / "results" / f"{ph}.json")
+        return 0
+
+    names = {"served": "served-cb", "static": "served-static", "defaults": "served-defaults",
+             "inproc": "inproc-cb", "inproc-defaults": "inproc-defaults"}
+    results, failures = {"env": env_info(device)}, {}
+    for ph in a.phases.split(","):
+        t0 = time.perf_counter()
+        rc = subprocess.call([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                              "--phase-child", ph, "--work", str(work)])
+        f = work / "results" / f"{ph}.json"
+        if rc != 0 or not f.is_file():
+            failures[ph] = f"exit {rc}"
+            log.error("phase %s failed (exit %d)", ph, rc)
+            continue
+        results[names.get(ph, ph)] = json.loads(f.read_text())
+        results.setdefault("phase_wall_s", {})[ph] = time.perf_counter() - t0
+    # repos/bandwidth results of earlier calls (same warm machine) complete the floor
+    for ph in ("repos", "bandwidth"):
+        f = work / "results" / f"{ph}.json"
+        if ph not in results and f.is_file():
+            results[ph] = json.loads(f.read_text())
+    results["failures"] = failures
+    results["argv"] = sys.argv
+    tag = f"-{a.tag}" if a.tag else ""
+    _json_dump(results, a.out / f"bench{tag}.json")
+    print(table(results), flush=True)
+    if "quant" in results:
+        print(json.dumps({k: v for k, v in results["quant"].items()}, indent=1, default=str))
+    return 1 if failures else 0
+
+
+def env_info(device: str) -> dict:
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
+            "host": platform.node(), "cpus": os.cpu_count()}
+    for pkg in ("torch", "transformers", "numpy", "tritonclient", "nvidia-modelopt", "nvidia-pytriton"):
+        try:
+            info[pkg] = version(pkg)
+        except PackageNotFoundError:
+            info[pkg] = None
+    if device == "cuda":
+        try:
+            info["nvidia_smi"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",
+                 "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+        except Exception as exc:
+            info["nvidia_smi"] = str(exc)
+    return info
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""scripts/bench_h200.py --smoke: the whole measurement's logic on the CPU with a tiny random model.
+
+Opt-in (slow, about 2 minutes on 2 cores): the GPU run itself never runs in CI.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeline.serve import TRITON_HOME
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (TRITON_HOME / "bin" / "tritonserver").is_file(), reason="tritonserver not installed")
+def test_bench_smoke(tmp_path):
+    from tests.conftest import _smollm2_tokenizer_dir
+
+    tok = _smollm2_tokenizer_dir()
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_h200.py"), "--smoke", "--tokenizer", str(tok),
+           "--work", str(tmp_path / "work"), "--out", str(out), "--phases", "engine,repos,bandwidth,inproc,served,static",
+           "--points", "16/4:2", "--requests", "2:1:2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads((out / "bench.json").read_text())
+    assert res["failures"] == {}
+    for name in ("inproc-cb", "served-cb", "served-static"):
+        s = res[name]["points"][0]["summary"]
+        assert s["requests"]["completed"] == 2, name
+        assert s["output_tokens_per_request"]["mean"] == 4, name  # ignore-eos: fixed lengths
+    assert "served-static" in r.stdout and "of floor" in r.stdout
