@@ -29,6 +29,7 @@ from pipeline.fsutil import atomic_dir
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 BOOTSTRAP_MARKER = "# @@BOOTSTRAP@@"
 RUNTIME_CONFIG_MARKER = "# @@RUNTIME_CONFIG@@"
+REQUEST_HELPERS_MARKER = "# @@REQUEST_HELPERS@@"
 RUNTIME_CONFIG = Path(__file__).resolve().parent / "runtime_config.py"
 
 
@@ -473,11 +474,13 @@ def check_ensemble(configs: dict[str, model_config_pb2.ModelConfig]) -> list[str
 
 
 def render_model_py(template: str) -> str:
-    """A model.py template with the sys.path bootstrap spliced in."""
+    """A model.py template with the shared pieces spliced in at their markers: the sys.path
+    bootstrap, the continuous-batching settings and the request helpers."""
     text = (TEMPLATES / template / "1" / "model.py").read_text()
     boot = (TEMPLATES / "_bootstrap.py").read_text()
     lines = text.splitlines(keepends=True)
-    swap = {BOOTSTRAP_MARKER: boot, RUNTIME_CONFIG_MARKER: RUNTIME_CONFIG.read_text()}
+    swap = {BOOTSTRAP_MARKER: boot, RUNTIME_CONFIG_MARKER: RUNTIME_CONFIG.read_text(),
+            REQUEST_HELPERS_MARKER: (TEMPLATES / "_request_helpers.py").read_text()}
     out = [next((v for k, v in swap.items() if line.startswith(k)), line) for line in lines]
     return "".join(out)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from model_repo.generate import ModelPlan, default_sys_path, parse_config, render_config, render_model_py
+from model_repo.generate import PERF_OUTPUTS, ModelPlan, default_sys_path, parse_config, render_config, render_model_py
 from pipeline.fsutil import atomic_dir
 
 TEMPLATE = "trivial_stream"
@@ -23,6 +23,9 @@ def plan_trivial(*, model_name: str = "ensemble", max_batch_size: int = 64, toke
     mp.set("model_name", model_name, "loadtest: the name clients send to (the ensemble's)")
     mp.set("max_batch_size", max_batch_size, "loadtest: requests Triton may hand to one execute() call")
     mp.set("token_delay_us", token_delay_us, "loadtest: per-step pause; 0 = as fast as the server sends")
+    # The same perf outputs as the real ensemble, from the same table, so one client serves both.
+    mp.set("perf_outputs", "".join(f',\n  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} }}'
+                                   for p in PERF_OUTPUTS), "model_repo.generate.PERF_OUTPUTS")
     return mp
 
 

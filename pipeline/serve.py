@@ -284,15 +284,26 @@ class TritonServer:
         raise ServerError("\n".join(msg))
 
     def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM, wait up to ``timeout`` s, then SIGKILL."""
+        """SIGTERM, wait up to ``timeout`` s, then SIGKILL; then end any Python-backend stub the
+        server left behind (a server killed mid-unload orphans its stubs, each holding a model)."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        import psutil
+
+        try:
+            stubs = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.Error:
+            stubs = []
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        _, alive = psutil.wait_procs(stubs, timeout=5)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
 
     def __enter__(self) -> "TritonServer":
         return self.start() if self.proc is None else self

@@ -51,6 +51,15 @@ def _json_dump(obj, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=1, default=str) + "\n")
 
 
+_PARTIAL: Path | None = None  # the phase child's <phase>.partial.json: what a phase has so far
+
+
+def _partial(obj) -> None:
+    """Keep what a phase measured so far, so a run stopped at its time limit still leaves its points."""
+    if _PARTIAL is not None:
+        _json_dump(obj, _PARTIAL)
+
+
 # ---------------------------------------------------------------------------------------------- engine
 def make_engine(work: Path, tokenizer_dir: Path, shape: dict, target: str, dtype: str, device: str) -> Path:
     """The random model as the portable runtime's engine folder (skipped when it exists)."""
@@ -121,8 +130,25 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str]) 
         if name == "static":
             llm.template = "tensorrt_llm_static"
         write_repository(rp, out)
+        if name != "static":
+            _compat_kv_gauge(out / "tensorrt_llm" / "1" / "model.py")
     facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
     return facts
+
+
+KV_GAUGE_LINE = "return int(round(cache.compute_free_capacity(relative=True) * self.num_blocks))"
+
+
+def _compat_kv_gauge(model_py: Path) -> None:
+    """Bench-time workaround in the generated copy only: transformers 5.17 (the H200 image) has no
+    PagedAttentionCache.compute_free_capacity (5.24 has), and the KV free-block gauge that calls it runs on
+    every request, so every request failed. The gauge then reports nothing; generation is untouched."""
+    text = model_py.read_text()
+    if KV_GAUGE_LINE in text:
+        fixed = ('fn = getattr(cache, "compute_free_capacity", None)\n        '
+                 "return None if fn is None else int(round(fn(relative=True) * self.num_blocks))")
+        model_py.write_text(text.replace(KV_GAUGE_LINE, fixed))
+        log.info("patched the KV gauge in %s for transformers without compute_free_capacity", model_py)
 
 
 def _params(repo: Path) -> dict:
@@ -154,7 +180,8 @@ def bandwidth(device: str, gib: float) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- in-process
-def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple], seed: int) -> dict:
+def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple], seed: int,
+           warmup: int = 2) -> dict:
     """The served runtime's settings, called in-process: closed loop at each (isl, osl, conc, n)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -179,14 +206,16 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
     results = []
     try:
         for k, (isl, osl, conc, n) in enumerate(points):
-            wl = synthetic(n + 2, str(isl), str(osl), lt_tok, seed=seed + 1000 * k, offset=k * (n + 2))
+            wl = synthetic(n + warmup, str(isl), str(osl), lt_tok, seed=seed + 1000 * k, offset=k * (n + warmup))
             prompts = [tok.encode(r.prompt, add_special_tokens=True) for r in wl.requests]
-            _closed_loop(manager, prompts[:2], osl, 2, never, warmup=True)
-            recs = _closed_loop(manager, prompts[2:], osl, conc, never)
+            if warmup:
+                _closed_loop(manager, prompts[:warmup], osl, min(conc, warmup), never, warmup=True)
+            recs = _closed_loop(manager, prompts[warmup:], osl, conc, never)
             s = summarize(recs)
             results.append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc, "requests": n},
                             "summary": s})
             log.info("inproc %s/%s c=%d: %.0f tok/s", isl, osl, conc, s.get("output_token_throughput", 0))
+            _partial({"settings": settings, "init_s": init_s, "points": results})
     finally:
         manager.stop(block=True)
     return {"settings": settings, "init_s": init_s, "points": results}
@@ -229,7 +258,8 @@ def _closed_loop(manager, prompts, osl, conc, never, warmup=False):
 
 
 # ---------------------------------------------------------------------------------------------- served
-def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple], seed: int, ports: list[int]) -> dict:
+def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple], seed: int, ports: list[int],
+           warmup: int = 2) -> dict:
     from pipeline.loadtest.api import run_loadtest
     from pipeline.loadtest.config import LoadTestConfig
     from pipeline.serve import ServerConfig, TritonServer
@@ -242,7 +272,7 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
         out["ready_s"] = time.perf_counter() - t0
         for k, (isl, osl, conc, n) in enumerate(points):
             lt = LoadTestConfig(url=cfg.grpc_url, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
-                                concurrency=[conc], num_requests=n, warmup=2, input_len=str(isl),
+                                concurrency=[conc], num_requests=n, warmup=warmup, input_len=str(isl),
                                 output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
                                 seed=seed + 1000 * k, request_timeout_s=600, drain_timeout_s=600,
                                 max_client_cpu=0.95)
@@ -253,6 +283,7 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
                                             "requests": n}, "summary": s, "validity": p["validity"],
                                   "client": p["client"], "requests": p["requests"]})
             log.info("%s %s/%s c=%d: %.0f tok/s", repo.name, isl, osl, conc, s.get("output_token_throughput", 0))
+            _partial(out)
     return out
 
 
@@ -287,6 +318,7 @@ def quant(engine: Path, work: Path, algos: list[str], samples: int, seq: int) ->
         size = sum(f.stat().st_size for f in dst.glob("*.safetensors"))
         out[algo] = {"wall_s": wall, "peak_gpu_bytes": peak, "checkpoint_bytes": size, "info": info, "error": err}
         log.info("quant %s: %.1f s, peak %s, %s", algo, wall, peak, err or "ok")
+        _partial(out)
         shutil.rmtree(dst, ignore_errors=True)
     return out
 
@@ -359,6 +391,7 @@ def main(argv=None) -> int:
                     help="comma list of: engine repos bandwidth inproc served static defaults quant")
     ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
     ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up requests per point, not measured")
     ap.add_argument("--python-path", default="", help="TRTPIPE_PYTHONPATH for the stub (numpy<2 first)")
     ap.add_argument("--quant-algos", default="fp8,int4_awq")
     ap.add_argument("--tag", default="", help="suffix of the JSON file names")
@@ -375,6 +408,8 @@ def main(argv=None) -> int:
 
     if a.phase_child:  # one phase in this process
         ph = a.phase_child
+        global _PARTIAL
+        _PARTIAL = work / "results" / f"{ph}.partial.json"
         if ph == "engine":
             make_engine(work, a.tokenizer, shape, target, dtype, device)
             res = {"engine": str(engine), "shape": shape}
@@ -386,12 +421,12 @@ def main(argv=None) -> int:
             res = bandwidth(device, 0.25 if a.smoke else 4.0)
         elif ph in ("inproc", "inproc-defaults"):
             res = inproc(engine, work / ("repo-cb" if ph == "inproc" else "repo-defaults"), device, dtype,
-                         points, seed=7)
+                         points, seed=7, warmup=a.warmup)
         elif ph in ("served", "static", "defaults"):
             from pipeline.serve import free_ports
 
             repo = work / f"repo-{ {'served': 'cb'}.get(ph, ph) }"
-            res = served(repo, engine, pypath or [], points, seed=7, ports=free_ports(3))
+            res = served(repo, engine, pypath or [], points, seed=7, ports=free_ports(3), warmup=a.warmup)
         elif ph == "quant":
             res = quant(engine, work, a.quant_algos.split(","), samples=2 if a.smoke else 4, seq=64 if a.smoke else 128)
         else:

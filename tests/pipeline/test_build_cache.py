@@ -28,7 +28,7 @@ def test_cache_hit_and_partial_rebuilds(tmp_path, tiny_llama, trtllm_double, mon
     spec = write_spec(tmp_path / "b.yaml", tiny_llama)
     out = tmp_path / "build"
     m1 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
-    assert _stages(m1) == {"checkpoint": False, "engine": False, "model_repo": False}
+    assert _stages(m1) == {"checkpoint": False, "verify": False, "engine": False, "model_repo": False}
     eng = out / "tiny" / "h100" / "engine"
     assert (eng / "rank0.engine").is_file() and (eng / "trtllm-build.log").is_file()
     info = m1["stages"]["engine"]["info"]
@@ -44,12 +44,12 @@ def test_cache_hit_and_partial_rebuilds(tmp_path, tiny_llama, trtllm_double, mon
     # a serving field: only the repository reruns
     write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5}\n")
     m3 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
-    assert _stages(m3) == {"checkpoint": True, "engine": True, "model_repo": False}
+    assert _stages(m3) == {"checkpoint": True, "verify": True, "engine": True, "model_repo": False}
     # a limit: engine and repository rerun, the checkpoint does not
     write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5}\n"
                                        "    limits: {max_batch_size: 2}\n")
     m4 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
-    assert _stages(m4) == {"checkpoint": True, "engine": False, "model_repo": False}
+    assert _stages(m4) == {"checkpoint": True, "verify": True, "engine": False, "model_repo": False}
     # log level / progress / worker count are not inputs
     m5 = run_build(load_spec(spec, "h100"), out_root=out, progress=True)
     assert all(_stages(m5).values())
@@ -81,7 +81,7 @@ def test_interrupted_engine_stage_leaves_nothing_readable(tmp_path, tiny_llama, 
     assert "left by an interrupted build" in res.stderr
     assert not list(leaf.glob(".*.tmp-*"))
     m = json.loads((leaf / "manifest.json").read_text())
-    assert _stages(m) == {"checkpoint": True, "engine": False, "model_repo": False}
+    assert _stages(m) == {"checkpoint": True, "verify": True, "engine": False, "model_repo": False}
 
 
 def test_bundle_when_tensorrt_llm_absent(tmp_path, tiny_llama, monkeypatch, capsys):
@@ -90,7 +90,7 @@ def test_bundle_when_tensorrt_llm_absent(tmp_path, tiny_llama, monkeypatch, caps
     spec = write_spec(tmp_path / "b.yaml", tiny_llama)
     out = tmp_path / "build"
     m = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
-    assert list(_stages(m)) == ["checkpoint", "bundle"]
+    assert list(_stages(m)) == ["checkpoint", "verify", "bundle"]
     text = capsys.readouterr().out
     assert "TensorRT-LLM 1.2.1 is not importable here" in text and "build_and_serve.sh" in text
     bundle = out / "tiny" / "h100" / "bundle"

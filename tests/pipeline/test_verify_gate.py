@@ -95,8 +95,9 @@ def test_planner_refuses_tp2_for_smollm2():
 
     build = load_spec(REPO_ROOT / "configs" / "builds" / "smollm2-135m.yaml", "cpu",
                       {"parallelism": {"tp_size": 2}})
-    smollm2 = {"num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30, "hidden_size": 576,
-               "intermediate_size": 1536, "max_position_embeddings": 8192}
+    import json
+
+    smollm2 = json.loads((REPO_ROOT / "tests" / "assets" / "smollm2-135m" / "config.json").read_text())
     problems = model_problems(build, smollm2)
     heads = [p for p in problems if p.code == "heads_tp"]  # (576/2 also breaks AWQ group 64: awq_group)
     assert len(heads) == 1 and heads[0].field == "parallelism.tp_size" and "[1, 3, 9]" in heads[0].fix

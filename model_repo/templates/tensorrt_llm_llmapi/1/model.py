@@ -17,22 +17,8 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
 PERF = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
-
-
-def _param(cfg, key, default=None):
-    value = cfg.get("parameters", {}).get(key, {}).get("string_value", None)
-    if value is None or value == "" or value.startswith("${"):
-        return default
-    return value
-
-
-def _opt_scalar(request, name, default=None):
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    if t is None or t.as_numpy().size == 0:
-        return default
-    return t.as_numpy().reshape(-1)[0].item()
 
 
 def _response(tokens, perf=None):

@@ -28,24 +28,7 @@ _spec = importlib.util.spec_from_file_location("trtpipe_sampling", _os.path.join
 sampling = _sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sampling)
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def _param(cfg, key, default=None):
-    value = cfg.get("parameters", {}).get(key, {}).get("string_value", None)
-    if value is None or value == "" or value.startswith("${"):
-        return default
-    return value
-
-
-def _opt_scalar(request, name, default=None):
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    if t is None:
-        return default
-    arr = t.as_numpy()
-    if arr.size == 0:
-        return default
-    return arr.reshape(-1)[0].item()
+# @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
 
 
 class RequestError(ValueError):

@@ -16,22 +16,7 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def _param(cfg, key, default=None):
-    value = cfg.get("parameters", {}).get(key, {}).get("string_value", None)
-    if value is None or value == "" or value.startswith("${"):
-        return default
-    return value
-
-
-def _opt_scalar(request, name, default=None):
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    if t is None:
-        return default
-    arr = t.as_numpy()
-    return default if arr.size == 0 else arr.reshape(-1)[0].item()
+# @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
 
 
 class TritonPythonModel:

@@ -62,7 +62,8 @@ class TritonPythonModel:
                pb_utils.Tensor("num_output_tokens", np.array([1], dtype=np.int32))]
         if st.perf:
             for name, v in (("arrival_time_ns", st.arrival), ("first_scheduled_time_ns", st.scheduled),
-                            ("first_token_time_ns", st.first_token), ("last_token_time_ns", now)):
+                            ("first_token_time_ns", st.first_token), ("last_token_time_ns", now),
+                            ("kv_cache_alloc_new_blocks", 0), ("kv_cache_reused_blocks", 0)):  # no KV cache
                 out.append(pb_utils.Tensor(name, np.array([v], dtype=np.int64)))
         return pb_utils.InferenceResponse(output_tensors=out)
 
