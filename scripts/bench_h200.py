@@ -130,25 +130,8 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str]) 
         if name == "static":
             llm.template = "tensorrt_llm_static"
         write_repository(rp, out)
-        if name != "static":
-            _compat_kv_gauge(out / "tensorrt_llm" / "1" / "model.py")
     facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
     return facts
-
-
-KV_GAUGE_LINE = "return int(round(cache.compute_free_capacity(relative=True) * self.num_blocks))"
-
-
-def _compat_kv_gauge(model_py: Path) -> None:
-    """Bench-time workaround in the generated copy only: transformers 5.17 (the H200 image) has no
-    PagedAttentionCache.compute_free_capacity (5.24 has), and the KV free-block gauge that calls it runs on
-    every request, so every request failed. The gauge then reports nothing; generation is untouched."""
-    text = model_py.read_text()
-    if KV_GAUGE_LINE in text:
-        fixed = ('fn = getattr(cache, "compute_free_capacity", None)\n        '
-                 "return None if fn is None else int(round(fn(relative=True) * self.num_blocks))")
-        model_py.write_text(text.replace(KV_GAUGE_LINE, fixed))
-        log.info("patched the KV gauge in %s for transformers without compute_free_capacity", model_py)
 
 
 def _params(repo: Path) -> dict:

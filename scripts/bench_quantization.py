@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -89,6 +90,9 @@ def main() -> int:
     ap.add_argument("--calib", default="16x256", help="calibration samples x tokens (default 16x256)")
     ap.add_argument("--eval", default="8x256", help="held-out evaluation samples x tokens (default 8x256)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows of other quantizations already in quantization.json (re-measure only --quants)")
+    ap.add_argument("--skip-tp", action="store_true", help="skip the tensor-parallel table (keep the stored one)")
     args = ap.parse_args()
     import torch
 
@@ -105,15 +109,20 @@ def main() -> int:
         tmp = Path(tmp)
         for quant in args.quants.split(","):
             out = tmp / quant
+            load_before = os.getloadavg()[0]
             q = _subprocess(quant, hf_dir, out, calib)
+            load_after = os.getloadavg()[0]
             rep = verify_checkpoint(out, hf_dir, gates)
             rows.append({"quant": quant, "quant_algo": rep["quant_algo"], **rep["metrics"],
                          "checkpoint_bytes": _bytes(out), **{k: q[k] for k in (
                              "calibration_s", "export_s", "quantize_wall_s", "quantize_peak_rss_mib",
-                             "calibration_samples")}})
+                             "calibration_samples")},
+                         # 1-minute load average around the quantize run: timings from a busy 2-core
+                         # machine are inflated, and the table says so.
+                         "loadavg_1m": round(max(load_before, load_after), 2)})
             print(json.dumps(rows[-1]), flush=True)
         small = small_llama(tmp / "small-llama", hf_dir)
-        for quant in ("none", "fp8", "int4_awq"):
+        for quant in () if args.skip_tp else ("none", "fp8", "int4_awq"):
             ref = None
             for tp in (1, 2, 4):
                 out = tmp / f"small-{quant}-tp{tp}"
@@ -130,8 +139,6 @@ def main() -> int:
                 print(json.dumps(tp_rows[-1]), flush=True)
     cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
                 .stdout.splitlines() if ln.startswith("Model name")), platform.processor())
-    import os
-
     meta = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "cores": os.cpu_count(),
             "command": "TRTPIPE_CACHE=... python scripts/bench_quantization.py " + " ".join(sys.argv[1:]),
             "model": "SmolLM2-135M-Instruct (embedded:smollm2-135m-instruct)", "group_size": GROUP,
@@ -139,6 +146,16 @@ def main() -> int:
                             "seed": 1234},
             "evaluation": {"dataset": "pydoc_topics (last 20%, held out)", "samples": ev[0], "seq_len": ev[1]}}
     args.out.mkdir(parents=True, exist_ok=True)
+    old_path = args.out / "quantization.json"
+    if (args.append or args.skip_tp) and old_path.is_file():
+        old = json.loads(old_path.read_text())
+        if args.append:
+            mine = {r["quant"] for r in rows}
+            order = {q: i for i, q in enumerate(QUANTS)}
+            rows = sorted([r for r in old["smollm2"] if r["quant"] not in mine] + rows,
+                          key=lambda r: order.get(r["quant"], 99))
+        if args.skip_tp:
+            tp_rows = old["tp"]
     (args.out / "quantization.json").write_text(json.dumps({"meta": meta, "smollm2": rows, "tp": tp_rows},
                                                            indent=2) + "\n")
     (args.out / "quantization.md").write_text(render(meta, rows, tp_rows))
@@ -158,16 +175,18 @@ def render(meta: dict, rows: list[dict], tp_rows: list[dict]) -> str:
         "- metrics compare the checkpoint's dequantized weights with the source (`trtpipe verify`): activation "
         "and KV-cache quantization act only inside a TensorRT-LLM engine and are not simulated here, so fp8 and "
         "int8_sq rows show their weight error only.",
-        "- quantize wall / peak RSS: model load + ModelOpt calibration + export, in a fresh process.", "",
+        "- quantize wall / peak RSS: model load + ModelOpt calibration + export, in a fresh process. 'load avg' "
+        "is the 1-minute load average around that run ('?' = not recorded): on this shared 2-core machine a load "
+        "above ~2 means other work competed for the cores and the times are inflated (accuracy is unaffected).", "",
         "| quantization | quant_algo | perplexity | delta vs source | top-1 agreement | mean KL (nats/token) | "
-        "max logit error | checkpoint MiB | calibration s | quantize wall s | peak RSS MiB |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "max logit error | checkpoint MiB | calibration s | quantize wall s | peak RSS MiB | load avg |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(f"| {r['quant']} | {r['quant_algo'] or '-'} | {r['perplexity']:.3f} | "
                      f"{r['perplexity_delta_pct']:+.2f}% | {r['top1_agreement']:.4f} | {r['mean_kl']:.4f} | "
                      f"{r['max_logit_error']:.2f} | {r['checkpoint_bytes'] / 2**20:.1f} | {r['calibration_s']:.1f} | "
-                     f"{r['quantize_wall_s']:.1f} | {r['quantize_peak_rss_mib']} |")
+                     f"{r['quantize_wall_s']:.1f} | {r['quantize_peak_rss_mib']} | {r.get('loadavg_1m', '?')} |")
     if rows:
         lines += ["", f"Source perplexity: {rows[0]['source_perplexity']:.3f}."]
     lines += ["", "## Tensor-parallel shards (small random Llama: hidden 256, 8 heads, 4 KV heads, 4 layers, "

@@ -167,16 +167,18 @@ class TritonPythonModel:
         """Free blocks of the manager's paged KV cache (None before the first batch creates it)."""
         bp = getattr(self.manager, "batch_processor", None)
         cache = getattr(bp, "cache", None)
-        if cache is None:
-            return None
-        return int(round(cache.compute_free_capacity(relative=True) * self.num_blocks))
+        free_capacity = getattr(cache, "compute_free_capacity", None)  # transformers >= 5.24
+        if free_capacity is None:
+            return None  # older libraries: the gauge is not exported rather than failing requests
+        return int(round(free_capacity(relative=True) * self.num_blocks))
 
     def kv_blocks_of(self, rid):
         """KV blocks the manager's cache holds for one sequence now (0 when unknown or freed)."""
         cache = getattr(getattr(self.manager, "batch_processor", None), "cache", None)
-        if cache is None:
+        allocators = getattr(cache, "cache_allocators", None)  # transformers >= 5.24
+        if not isinstance(allocators, dict):
             return 0
-        return max([len(getattr(a, "block_table", {}).get(rid, ())) for a in cache.cache_allocators.values()] or [0])
+        return max([len(getattr(a, "block_table", {}).get(rid, ())) for a in allocators.values()] or [0])
 
     def _publish(self):
         with self.lock:
@@ -337,6 +339,13 @@ class TritonPythonModel:
                 with self.lock:
                     if not state.done:
                         self._retire_locked(state)
+                        try:  # the client must hear that its request ended, not wait for a timeout
+                            state.sender.send(pb_utils.InferenceResponse(
+                                output_tensors=[], error=pb_utils.TritonError(
+                                    f"internal error while returning tokens: {type(exc).__name__}: {exc}")),
+                                flags=FINAL)
+                        except Exception:
+                            pass  # the sender itself is what broke
                 self.manager.cancel_request(state.rid)
 
     def _deliver(self, state, result):
