@@ -140,6 +140,8 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     target = get_target(build.target)
     preflight.check(build, target)  # cheap checks first: nothing heavy runs on a bad spec
     out = build_dir(build, out_root, variant)
+    # The model's own rules too, before waiting for another build of the same folder: a bad model fails now.
+    preflight.check_model(build, target, model_fetch.resolve_source(build.model.source))
     with build_lock(out):  # one build at a time per output folder (a second one waits)
         s = build.settings
         versions = library_versions()

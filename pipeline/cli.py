@@ -168,6 +168,9 @@ def cmd_query(args) -> int:
     build = _resolve(args)
     out = _build_path(args, build)
     url = args.url or f"127.0.0.1:{build.settings.serving.grpc_port}"
+    if not args.raw and not (out / "engine" / "engine.json").is_file():
+        raise PipelineError(f"{out / 'engine'} is not built yet: run `make build-engine` (or `trtpipe build`) first, "
+                            "or pass --raw to send the prompt without the model's chat template")
     text = args.prompt if args.raw else format_chat(out / "engine", args.prompt, args.system)
     t0 = time.perf_counter()
     first, tokens = None, 0

@@ -122,6 +122,13 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
     outputs += [grpcclient.InferRequestedOutput(n) for n in extra_outputs]
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
+    try:  # start_stream succeeds even with nothing listening: ask the server first
+        live = client.is_server_live()
+    except InferenceServerException:
+        live = False
+    if not live:
+        client.close()
+        raise PipelineError(f"cannot reach Triton at {url}: is the server running (`make serve`)?")
     try:
         client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter())))
     except InferenceServerException as exc:

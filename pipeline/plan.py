@@ -414,7 +414,9 @@ def read_hf_config(hf_dir: Path) -> dict:
     if not path.is_file():
         raise SpecError([Problem("model.source", str(hf_dir), "the model folder has no config.json",
                                  "point model.source at an HF checkpoint folder", code="model_missing")])
-    return json.loads(path.read_text())
+    cfg = json.loads(path.read_text())
+    cfg.setdefault("_name_or_path", str(hf_dir))  # so errors about the config name the folder
+    return cfg
 
 
 def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128,

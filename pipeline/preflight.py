@@ -296,10 +296,28 @@ def memory_problems(build: ResolvedBuild, target: TargetProfile, hf_config: dict
     return problems
 
 
+# Architectures whose checkpoints ModelOpt's `llama` decoder exports and our reader merges (Llama layout:
+# q/k/v/o, gate/up/down, RMSNorm). Others fail deep inside calibration or export; refuse them up front.
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+def architecture_problems(hf_config: dict, where: str) -> list[Problem]:
+    """A Problem when config.json names an architecture the pipeline cannot export and read back."""
+    archs = hf_config.get("architectures") or []
+    if archs and archs[0] not in SUPPORTED_ARCHITECTURES:
+        return [Problem("model.source", where, f"config.json architecture {archs[0]} is not supported (the "
+                        f"pipeline exports and reads back the Llama layout: {', '.join(SUPPORTED_ARCHITECTURES)})",
+                        "use a Llama-family checkpoint (Llama, Mistral, SmolLM2...)", code="architecture")]
+    return []
+
+
 def check_model(build: ResolvedBuild, target: TargetProfile, hf_dir: Path) -> None:
     """Raise SpecError when the spec does not fit the model in ``hf_dir`` on ``target``."""
     from pipeline.plan import read_hf_config
 
-    problems = model_problems(build, read_hf_config(hf_dir), target)
+    cfg = read_hf_config(hf_dir)
+    problems = architecture_problems(cfg, str(hf_dir))
+    if not problems:  # the shape rules assume a Llama-family config
+        problems = model_problems(build, cfg, target)
     if problems:
         raise SpecError(problems, build.spec_path)
