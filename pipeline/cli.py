@@ -37,6 +37,12 @@ def _add_build_args(p: argparse.ArgumentParser, positional: bool = True) -> None
     p.add_argument("--out", type=Path, default=None, help="output root (default: build/)")
 
 
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of the commands that run stages (build, verify)."""
+    p.add_argument("--force", action="store_true", help="rerun every stage even when up to date")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
 def _resolve(args):
     from pipeline.spec import load_spec, overrides_from_flags
 
@@ -245,8 +251,7 @@ def make_parser() -> argparse.ArgumentParser:
                                    "the TensorRT-LLM checkpoint, build the engine and write the Triton repository. "
                                    "Stages whose inputs did not change are reused.")
     _add_build_args(b)
-    b.add_argument("--force", action="store_true", help="rerun every stage even when up to date")
-    b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_run_flags(b)
     b.set_defaults(func=cmd_build)
 
     v = sub.add_parser("verify", help="quantize (if needed) and score the checkpoint against the source model",
@@ -255,8 +260,7 @@ def make_parser() -> argparse.ArgumentParser:
                                    "top-1 agreement, KL, max logit error. Fails (exit 2) when a `gates:` "
                                    "threshold is exceeded.")
     _add_build_args(v)
-    v.add_argument("--force", action="store_true", help="rerun the stages even when up to date")
-    v.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _add_run_flags(v)
     v.set_defaults(func=cmd_verify)
 
     pl = sub.add_parser("plan", help="check every rule for a target and print the memory/capability plan",

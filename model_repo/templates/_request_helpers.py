@@ -18,4 +18,11 @@ def _opt_scalar(request, name, default=None):
         return default
     arr = t.as_numpy()
     return default if arr.size == 0 else arr.reshape(-1)[0].item()
+
+
+def _prompt_ids(request):
+    """The request's prompt: input_ids (INT32 [1, -1] or [-1]) cut to input_lengths, as a list of ints."""
+    ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
+    n = int(_opt_scalar(request, "input_lengths", ids.size))
+    return [int(x) for x in ids[:n]]
 # --- end of request helpers

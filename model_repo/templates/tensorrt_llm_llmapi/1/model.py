@@ -58,9 +58,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
-                n = int(_opt_scalar(request, "input_lengths", ids.size))
-                ids = [int(x) for x in ids[:n]]
+                ids = _prompt_ids(request)
                 max_new = int(_opt_scalar(request, "request_output_len"))
                 if len(ids) > self.max_input_len or len(ids) + max_new > self.max_seq_len:
                     raise ValueError(f"prompt {len(ids)} + request_output_len {max_new} exceeds max_input_len "

@@ -55,14 +55,14 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
-                n = int(_opt_scalar(request, "input_lengths", ids.size))
+                ids = _prompt_ids(request)
+                n = len(ids)
                 max_new = int(_opt_scalar(request, "request_output_len", 0))
                 if n <= 0 or max_new <= 0 or n + max_new > self.max_seq_len:
                     raise ValueError(f"prompt {n} + max_tokens {max_new} must be >= 1 each and fit max_seq_len "
                                      f"{self.max_seq_len}")
                 end_id = _opt_scalar(request, "end_id", None)
-                item = {"ids": ids[:n].astype(np.int64).tolist(), "max_new": max_new, "sender": sender,
+                item = {"ids": ids, "max_new": max_new, "sender": sender,
                         "end_ids": [int(end_id)] if end_id is not None else list(self.default_end_ids),
                         "perf": bool(_opt_scalar(request, "return_perf_metrics", False)),
                         "arrival_ns": time.time_ns()}
