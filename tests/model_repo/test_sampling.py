@@ -42,7 +42,7 @@ def runner(tiny_llama):
         handle = table.add(params)
         rid = f"r{next(counter)}"
         manager.add_request(PROMPT, request_id=rid, max_new_tokens=max_new, eos_token_id=list(END),
-                            **params.library_kwargs(49152), **{sampling.HANDLE_KWARG: handle})
+                            **{sampling.HANDLE_KWARG: handle})
         while True:
             res = manager.get_result(request_id=rid, timeout=60)
             assert res is not None and not res.error, res
@@ -92,3 +92,33 @@ def test_bad_options_are_refused(opts, match):
     names = {"top_p": "runtime_top_p"}
     with pytest.raises(sampling.SamplingError, match=match):
         sampling.parse_params({names.get(k, k): v for k, v in opts.items()}.get, end_ids=END, max_new_tokens=16)
+
+
+def _finite(row):
+    import torch
+
+    return set(torch.nonzero(torch.isfinite(row)).view(-1).tolist())
+
+
+def test_warp_top_k_top_p_and_temperature_keep_the_right_tokens():
+    import torch
+
+    logits = torch.log(torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15]))
+    p = sampling.SamplingParams(greedy=False)
+    assert _finite(sampling.warp(logits, p)) == {0, 1, 2, 3, 4}
+    p.top_k = 2
+    assert _finite(sampling.warp(logits, p)) == {1, 3}
+    p.top_k, p.top_p = 0, 0.6  # 0.4 < 0.6 <= 0.4 + 0.3: the two most likely
+    assert _finite(sampling.warp(logits, p)) == {1, 3}
+    p.top_p = 0.1  # below the most likely token's mass: that token alone
+    assert _finite(sampling.warp(logits, p)) == {1}
+    p.top_p, p.temperature = 1.0, 2.0
+    assert torch.allclose(sampling.warp(logits, p), logits / 2)
+
+
+def test_sampled_requests_respect_top_k(runner):
+    """top_k=2 with a hot temperature: every drawn token is one of the two most likely at its step,
+    which greedy decoding of the same prefix confirms for the first token."""
+    greedy, _ = runner(max_new=1)
+    firsts = {runner(max_new=1, temperature=50.0, top_k=2, seed=s)[0][0] for s in range(12)}
+    assert greedy[0] in firsts and len(firsts) == 2, firsts

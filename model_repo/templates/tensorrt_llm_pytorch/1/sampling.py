@@ -1,16 +1,20 @@
 # Per-request sampling for the portable `pytorch` runtime, on top of transformers' continuous
-# batching (transformers 5.24).
+# batching (tested with transformers 5.17 and 5.24).
 #
-# What the library does per request (ContinuousBatchingConfig(per_request_processors=True) and a
-# GenerationConfig with non-default temperature/top_k/top_p at creation): temperature, top_k, top_p.
-# What it does only globally or not at all, and this module does per request instead:
-#   * penalties (repetition, presence, frequency) and min_tokens: `PenaltyProcessor`, first in the
-#     processor list, on the request's own token history;
-#   * the seed and the draw itself: `SamplerProcessor`, last in the list, draws the token with the
-#     request's own torch.Generator (seeded from `random_seed`, or randomly) and leaves only that token
-#     finite, so the library's global argmax/multinomial returns exactly it; it also records the token's
-#     log probability for return_log_probs.
-# Greedy (nothing set, top_k == 1 or temperature == 0) is top_k=1 in the library: one finite token.
+# The library is created greedy (do_sample=False, no warpers: its step ends in one argmax) and two
+# processors of ours, installed around its (empty) per-request processor list, do everything a
+# request can ask for:
+#   * `PenaltyProcessor` (first): repetition, presence and frequency penalties and min_tokens, on the
+#     request's own token history; keeps the log distribution for return_log_probs;
+#   * `SamplerProcessor` (last): for a sampled request, temperature, top_k and top_p on its row, then
+#     the draw with the request's own torch.Generator (seeded from `random_seed`, or randomly); it
+#     leaves only the drawn token finite, so the library's argmax returns exactly it. It also records
+#     the token's log probability for return_log_probs.
+# A greedy request without penalties or log probs is not touched by either: a batch of them costs
+# two Python loops over the batch at prepare time and nothing on the logits. (The library's own
+# per-request warpers sort the whole vocabulary for every row at every step, twice (top_k, top_p),
+# whatever the request asked for: measured as the largest cost of the generation loop on CPU, see
+# docs/benchmarks/h200.md "serving overhead".)
 #
 # Both processors find a request's parameters through one int32 per request (a handle into
 # `RequestTable`), the per-request argument slot the library gives each CB processor.
@@ -31,7 +35,7 @@ from transformers.generation.continuous_batching.cb_logits_processors import Con
 HANDLE_KWARG = "trtpipe_handle"
 # The library's warpers exist only if these are non-default when the manager is created; every
 # request then passes its own values, so these never apply to a request.
-CREATION_DEFAULTS = {"do_sample": True, "temperature": 0.5, "top_k": 1, "top_p": 0.5}
+CREATION_DEFAULTS = {"do_sample": False}  # the library argmaxes; SamplerProcessor draws sampled rows
 
 
 class SamplingError(ValueError):
@@ -53,13 +57,6 @@ class SamplingParams:
     min_tokens: int = 0
     end_ids: tuple = ()
     return_log_probs: bool = False
-
-    def library_kwargs(self, vocab_size: int) -> dict:
-        """Per-request kwargs for the library's CB warpers (types must be exactly float/int/float)."""
-        if self.greedy:
-            return {"temperature": 1.0, "top_k": 1, "top_p": 1.0}
-        return {"temperature": float(self.temperature), "top_k": int(self.top_k or vocab_size),
-                "top_p": float(self.top_p)}
 
     @property
     def needs_penalties(self) -> bool:
@@ -118,11 +115,21 @@ class Entry:
     """What the processors know and record about one generated sequence."""
 
     params: SamplingParams
-    generator: torch.Generator
-    history: list = field(default_factory=list)  # prompt + generated tokens at the last prepare
+    seed: int
+    generators: dict = field(default_factory=dict)  # torch.device -> torch.Generator (made on first draw)
+    history: list = field(default_factory=list)  # prompt + generated tokens at the last prepare (penalties)
     generated: int = 0
     log_probs: list = field(default_factory=list)  # one per generated token, when asked for
     scratch: torch.Tensor | None = None
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The request's own generator on the logits' device (a CPU generator cannot draw from CUDA
+        tensors), seeded once from the request's seed."""
+        gen = self.generators.get(device)
+        if gen is None:
+            gen = self.generators[device] = torch.Generator(device=device)
+            gen.manual_seed(self.seed)
+        return gen
 
 
 class RequestTable:
@@ -134,12 +141,11 @@ class RequestTable:
         self._next = 0
 
     def add(self, params: SamplingParams) -> int:
-        gen = torch.Generator(device="cpu")
-        gen.manual_seed(params.seed if params.seed is not None else random.getrandbits(63))
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
         with self._lock:
             self._next = (self._next + 1) % 0x7FFF_FFFF
             handle = self._next
-            self._entries[handle] = Entry(params, gen)
+            self._entries[handle] = Entry(params, seed)
         return handle
 
     def get(self, handle: int) -> Entry | None:
@@ -154,36 +160,47 @@ class RequestTable:
 
 
 class _HandleProcessor(ContinuousBatchingLogitsProcessor):
-    """Carries each request's handle in its per-request int32 argument slot."""
+    """Carries each request's handle in its per-request int32 argument slot.
+
+    ``prepare_tensor_args`` also keeps, for the batch being prepared, the rows this processor must
+    touch (``_wants``); ``__call__`` uses that list instead of reading the handles back from the
+    (device) argument tensor, so a batch of plain greedy requests costs no per-row work, no GPU sync
+    and no copy of the logits. Valid because batching is synchronous (see the top of this file): the
+    library prepares a batch's arguments and runs its processors before preparing the next batch.
+    """
 
     supported_kwargs = {HANDLE_KWARG: int}
     ignored_kwargs = ()
 
     def __init__(self, table: RequestTable):
         self.table = table
+        self._batch: list[tuple[int, Entry]] = []
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
         int32_tensor.fill_(-1)
 
+    def _wants(self, params: SamplingParams) -> bool:
+        raise NotImplementedError
+
+    def _record(self, entry: Entry, state) -> None:
+        """Copy what the processor needs from the library's request state (at prepare time)."""
+
     def prepare_tensor_args(self, requests_with_new_token) -> torch.Tensor:
-        handles = []
-        for request in requests_with_new_token:
+        handles, rows = [], []
+        for i, request in enumerate(requests_with_new_token):
             state = request.state
             handle = int(state.logit_processor_kwargs.get(HANDLE_KWARG, -1))
             entry = self.table.get(handle)
-            if entry is not None and self.records_state:
-                entry.history = list(state.initial_tokens) + list(state.generated_tokens)
-                entry.generated = len(state.generated_tokens)
+            if entry is not None and self._wants(entry.params):
+                self._record(entry, state)
+                rows.append((i, entry))
             handles.append(handle)
+        self._batch = rows
         return torch.tensor(handles, dtype=torch.int32, device="cpu")
 
-    records_state = False
-
-    def _rows(self, scores: torch.Tensor, tensor_arg: torch.Tensor):
-        for i, handle in enumerate(tensor_arg[: scores.size(0)].tolist()):
-            entry = self.table.get(handle)
-            if entry is not None:
-                yield i, entry
+    def _rows(self, scores: torch.Tensor):
+        n = scores.size(0)
+        return [(i, entry) for i, entry in self._batch if i < n]
 
 
 class PenaltyProcessor(_HandleProcessor):
@@ -195,50 +212,88 @@ class PenaltyProcessor(_HandleProcessor):
     distribution after penalties for return_log_probs.
     """
 
-    records_state = True
+    def _wants(self, params: SamplingParams) -> bool:
+        return params.needs_penalties or params.return_log_probs
+
+    def _record(self, entry: Entry, state) -> None:
+        p = entry.params
+        entry.generated = len(state.generated_tokens)
+        if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+            entry.history = list(state.initial_tokens) + list(state.generated_tokens)
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         out = None
-        for i, entry in self._rows(scores, tensor_arg):
+        for i, entry in self._rows(scores):
             p = entry.params
             if p.needs_penalties:
                 if out is None:
                     out = scores.clone()
                 row = out[i]
                 if p.repetition_penalty != 1.0 and entry.history:
-                    ids = torch.tensor(sorted(set(entry.history)), dtype=torch.long)
+                    ids = torch.tensor(sorted(set(entry.history)), dtype=torch.long, device=row.device)
                     vals = row[ids]
                     row[ids] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
                 gen = entry.history[len(entry.history) - entry.generated:] if entry.generated else []
                 if gen and (p.presence_penalty or p.frequency_penalty):
-                    ids, counts = torch.tensor(gen, dtype=torch.long).unique(return_counts=True)
+                    ids, counts = torch.tensor(gen, dtype=torch.long, device=row.device).unique(return_counts=True)
                     row[ids] -= p.presence_penalty + p.frequency_penalty * counts.to(row.dtype)
                 if entry.generated < p.min_tokens and p.end_ids:
-                    row[torch.tensor(list(p.end_ids), dtype=torch.long)] = float("-inf")
+                    row[torch.tensor(list(p.end_ids), dtype=torch.long, device=row.device)] = float("-inf")
             if p.return_log_probs:
                 src = scores if out is None else out
-                entry.scratch = torch.log_softmax(src[i], dim=-1)
+                entry.scratch = torch.log_softmax(src[i].float(), dim=-1)
         return scores if out is None else out
 
 
 class SamplerProcessor(_HandleProcessor):
-    """Last processor: draws each request's token with its own generator, leaves only it finite."""
+    """Last processor: draws each sampled request's token with its own generator and leaves only that
+    token finite. Greedy rows without log probs are left to the library (top_k = 1 leaves one
+    finite token there), so an all-greedy batch passes through untouched."""
+
+    def _wants(self, params: SamplingParams) -> bool:
+        return not params.greedy or params.return_log_probs
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        rows = self._rows(scores)
+        if not rows:
+            return scores
         out = scores.clone()
-        for i, entry in self._rows(scores, tensor_arg):
-            row = scores[i]
-            if entry.params.greedy:
-                token = int(torch.argmax(row))
+        for i, entry in rows:
+            p = entry.params
+            if p.greedy:
+                token = torch.argmax(scores[i]).view(1)
             else:
-                probs = torch.softmax(row, dim=-1)
-                token = int(torch.multinomial(probs, 1, generator=entry.generator))
+                logits = warp(scores[i].float(), p)
+                token = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=entry.generator(logits.device))
             out[i].fill_(float("-inf"))
-            out[i, token] = 0.0
-            if entry.params.return_log_probs and entry.scratch is not None:
+            out[i].index_fill_(0, token, 0.0)
+            if p.return_log_probs and entry.scratch is not None:
                 entry.log_probs.append(float(entry.scratch[token]))
                 entry.scratch = None
         return out
+
+
+def warp(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus) on one row of logits ([vocab] float), as HF's
+    TemperatureLogitsWarper / TopKLogitsWarper / TopPLogitsWarper and TensorRT-LLM's sampling layer
+    order them; filtered entries become -inf. top_k = 0 and top_p = 1 mean no limit.
+    Nucleus: keep the smallest set of most likely tokens whose probability sums to >= top_p
+    (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration"); the most likely token is
+    always kept."""
+    if p.temperature > 0 and p.temperature != 1.0:
+        logits = logits / p.temperature
+    vocab = logits.size(-1)
+    if 0 < p.top_k < vocab:
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if 0 < p.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        before = torch.cumsum(probs, dim=-1) - probs  # mass of the more likely tokens
+        drop = before >= p.top_p
+        drop[0] = False
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+    return logits
 
 
 def install(manager, table: RequestTable) -> None:
