@@ -8,6 +8,8 @@
 
 import threading
 
+import uuid
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -63,6 +65,24 @@ class TritonPythonModel:
             raise RuntimeError(resp.error().message())
         return resp
 
+    @staticmethod
+    def _stop(inner_id, stream):
+        """Stop the tensorrt_llm request this BLS request started: the response iterator's cancel() where
+        the Python backend has it (not in Triton 2.51), else a `stop` request with the same request id
+        (the TensorRT-LLM backend's way, which the pytorch runtime implements too)."""
+        if hasattr(stream, "cancel"):
+            stream.cancel()
+            return
+        one = np.zeros((1, 1), dtype=np.int32)
+        stop = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one + 1),
+                pb_utils.Tensor("request_output_len", one + 1), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool))]
+        try:
+            for _ in pb_utils.InferenceRequest(model_name="tensorrt_llm", inputs=stop, request_id=inner_id,
+                                               requested_output_names=["output_ids"]).exec(decoupled=True):
+                pass
+        except Exception as exc:  # a runtime without `stop`: the request runs to its end
+            pb_utils.Logger.log_warn(f"tensorrt_llm_bls: could not stop {inner_id}: {exc}")
+
     def _generate(self, request, sender):
         pre_in = [pb_utils.Tensor(dst, t.as_numpy()) for src, dst in PRE_INPUTS.items()
                   if (t := pb_utils.get_input_tensor_by_name(request, src)) is not None]
@@ -73,14 +93,14 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, src)
             if t is not None:
                 llm_in.append(pb_utils.Tensor(dst, t.as_numpy()))
+        inner_id = uuid.uuid4().hex
         stream = pb_utils.InferenceRequest(
-            model_name="tensorrt_llm", inputs=llm_in,
+            model_name="tensorrt_llm", inputs=llm_in, request_id=inner_id,
             requested_output_names=["output_ids", "sequence_length"] + self.pass_outputs).exec(decoupled=True)
         sent_final = False
         for resp in stream:
             if sender.is_cancelled():
-                if hasattr(stream, "cancel"):
-                    stream.cancel()
+                self._stop(inner_id, stream)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
                     "request cancelled")), flags=FINAL)
                 return

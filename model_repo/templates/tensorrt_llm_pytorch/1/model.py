@@ -49,7 +49,7 @@ class _Request:
     __slots__ = ("rid", "sender", "streaming", "end_ids", "sent", "arrival_ns", "first_token_ns",
                  "last_token_ns", "first_scheduled_ns", "perf", "prompt_len", "max_new_tokens", "stop_ids",
                  "triton_request", "cancelled", "done", "group", "seq_index", "handle", "prompt_ids",
-                 "exclude_input", "log_probs", "kv_blocks")
+                 "exclude_input", "log_probs", "kv_blocks", "triton_id")
 
     def __init__(self, rid, sender, streaming, end_ids, prompt_len, max_new_tokens, perf, stop_ids, triton_request,
                  group=None, seq_index=0, handle=-1, prompt_ids=(), exclude_input=True, log_probs=False):
@@ -76,6 +76,7 @@ class _Request:
         self.exclude_input = exclude_input
         self.log_probs = log_probs
         self.kv_blocks = 0  # most KV blocks the sequence held (perf output kv_cache_alloc_new_blocks)
+        self.triton_id = triton_request.request_id() if triton_request is not None else ""
 
 
 class TritonPythonModel:
@@ -113,8 +114,8 @@ class TritonPythonModel:
         self.default_end_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
         self.pad_id = gen.get("pad_token_id", self.default_end_ids[0] if self.default_end_ids else 0)
         self.vocab_size = int(self.engine["pretrained_config"]["vocab_size"])
-        # Per-request temperature/top_k/top_p need the library's warpers to exist: non-default values
-        # at creation (each request then passes its own; see sampling.py).
+        # Greedy at creation: the library's step ends in one argmax; sampled requests are drawn by
+        # sampling.SamplerProcessor (see sampling.py for why not the library's per-request warpers).
         gcfg = GenerationConfig(max_new_tokens=self.max_seq_len, eos_token_id=self.default_end_ids or None,
                                 pad_token_id=self.pad_id, **sampling.CREATION_DEFAULTS)
         cbc = continuous_batching_config(self.settings)
@@ -126,8 +127,9 @@ class TritonPythonModel:
 
         self.requests = {}
         self.lock = threading.Lock()
-        self.stats = {"requests_total": 0, "requests_failed": 0, "inflight": 0, "generating": 0,
-                      "max_concurrent_generating": 0, "tokens_total": 0}
+        self.stats = {"requests_total": 0, "requests_failed": 0, "requests_cancelled": 0, "inflight": 0,
+                      "generating": 0, "max_concurrent_generating": 0, "tokens_total": 0}
+        self._published = {"requests": 0, "failed": 0, "cancelled": 0, "tokens": 0}
         self._init_metrics()
         self.stop_event = threading.Event()
         self.dispatcher = threading.Thread(target=self._dispatch_loop, name="trtpipe-dispatch", daemon=True)
@@ -180,12 +182,25 @@ class TritonPythonModel:
             return 0
         return max([len(getattr(a, "block_table", {}).get(rid, ())) for a in allocators.values()] or [0])
 
+    _COUNTER_STATS = {"requests": "requests_total", "failed": "requests_failed", "cancelled": "requests_cancelled",
+                      "tokens": "tokens_total"}
+
     def _publish(self):
+        """Push the request gauges, the counters' increments since the last call and the KV gauge to
+        Triton. Called from the housekeeping thread every cancellation_check_period_ms, never per
+        token: each metric update is a round trip from this stub to the server, and per-token
+        updates competed with the generation thread for the GIL (measured: see
+        docs/benchmarks/h200.md, serving overhead)."""
         with self.lock:
             self.stats["queued"] = self.stats["inflight"] - self.stats["generating"]
             values = {k: self.stats[k] for k in ("inflight", "queued", "generating", "max_concurrent_generating")}
+            totals = {k: self.stats[v] for k, v in self._COUNTER_STATS.items()}
         for k, v in values.items():
             self.metric[k].set(v)
+        for k, v in totals.items():
+            if v > self._published[k]:
+                self.counter[k].increment(v - self._published[k])
+                self._published[k] = v
         free = self.kv_free_blocks()
         self.kv_metric["total"].set(self.num_blocks)
         if free is not None:
@@ -207,7 +222,6 @@ class TritonPythonModel:
         """Answer a request that was never registered (validation failed) with an error."""
         with self.lock:
             self.stats["requests_failed"] += 1
-        self.counter["failed"].increment(1)
         response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
         if sender is not None:
             sender.send(response, flags=FINAL)
@@ -215,6 +229,9 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(message)
 
     def _enqueue(self, request, sender):
+        if bool(_opt_scalar(request, "stop", False)):
+            self._stop(request, sender)
+            return
         if not self.decoupled:
             raise RequestError("this runtime serves decoupled (streaming) transactions only; "
                                "regenerate the repository with serving.streaming: true")
@@ -279,14 +296,11 @@ class TritonPythonModel:
                 self.requests[state.rid] = state
                 self.stats["inflight"] += 1
             self.stats["requests_total"] += 1
-        self.counter["requests"].increment(1)
-        self._publish()
         for state in states:
-            kwargs = self.table.get(state.handle).params.library_kwargs(self.vocab_size)
             try:
                 added = self.manager.add_request(ids, request_id=state.rid, max_new_tokens=max_new, streaming=True,
                                                  eos_token_id=end_ids if end_ids else -1,
-                                                 **kwargs, **{sampling.HANDLE_KWARG: state.handle})
+                                                 **{sampling.HANDLE_KWARG: state.handle})
             except Exception as exc:  # e.g. the manager's queue stayed full
                 added, why = None, f"{type(exc).__name__}: {exc}"
             else:
@@ -299,6 +313,28 @@ class TritonPythonModel:
                 for other in states:
                     self.manager.cancel_request(other.rid)
                 raise RequestError(f"the runtime is not accepting requests ({why}): retry later")
+
+    def _stop(self, request, sender):
+        """A request with ``stop`` = true stops the in-flight request(s) that carry the same Triton request
+        id, as the TensorRT-LLM C++ backend does (inflight_batcher_llm handleStopRequest): each stopped
+        request ends with a final response holding what it had not yet sent; the stop request gets an
+        empty final response (also when nothing matched: the request may have finished already). This
+        is how `tensorrt_llm_bls` forwards a client's cancellation: Triton's ensemble does not."""
+        triton_id = request.request_id()
+        if not triton_id:
+            raise RequestError("stop = true needs the request_id of the request to stop")
+        with self.lock:
+            states = [st for st in self.requests.values() if st.triton_id == triton_id and not st.done]
+            for state in states:
+                state.cancelled = True
+                self.manager.cancel_request(state.rid)  # frees the sequence's KV blocks
+                self._retire_locked(state)
+                if not state.group.closed:
+                    state.group.closed = True
+                    self.stats["requests_cancelled"] += 1
+                    state.sender.send(pb_utils.InferenceResponse(
+                        output_tensors=[], error=pb_utils.TritonError("request stopped")), flags=FINAL)
+        sender.send(flags=FINAL)
 
     @staticmethod
     def _has_bad_words(request):
@@ -325,28 +361,43 @@ class TritonPythonModel:
     # ---- output routing -----------------------------------------------------------------------
     def _dispatch_loop(self):
         while not self.stop_event.is_set():
-            result = self.manager.get_result(timeout=0.05)
-            if result is None:
+            first = self.manager.get_result(timeout=0.05)
+            if first is None:
                 continue
+            # Drain what else is ready and keep each request's newest result (generated_tokens is cumulative,
+            # a finished or failed result is a request's last): when this thread falls behind the generation
+            # loop, one response carries several tokens instead of one response per token, each of which
+            # costs GIL time that the generation thread needs.
+            latest = {first.request_id: first}
+            for _ in range(65536):
+                more = self.manager.get_result(timeout=0)
+                if more is None:
+                    break
+                latest[more.request_id] = more
+            for result in latest.values():
+                self._route(result)
+
+    def _route(self, result):
+        """Deliver one result to its request; a delivery failure ends that request with an error."""
+        with self.lock:
+            state = self.requests.get(result.request_id)
+        if state is None or state.done:
+            return
+        try:
+            self._deliver(state, result)
+        except Exception as exc:  # a broken sender must not stop the loop
+            pb_utils.Logger.log_error(f"tensorrt_llm: delivering {state.rid} failed: {exc}")
             with self.lock:
-                state = self.requests.get(result.request_id)
-            if state is None or state.done:
-                continue
-            try:
-                self._deliver(state, result)
-            except Exception as exc:  # a broken sender must not stop the loop
-                pb_utils.Logger.log_error(f"tensorrt_llm: delivering {state.rid} failed: {exc}")
-                with self.lock:
-                    if not state.done:
-                        self._retire_locked(state)
-                        try:  # the client must hear that its request ended, not wait for a timeout
-                            state.sender.send(pb_utils.InferenceResponse(
-                                output_tensors=[], error=pb_utils.TritonError(
-                                    f"internal error while returning tokens: {type(exc).__name__}: {exc}")),
-                                flags=FINAL)
-                        except Exception:
-                            pass  # the sender itself is what broke
-                self.manager.cancel_request(state.rid)
+                if not state.done:
+                    self._retire_locked(state)
+                    try:  # the client must hear that its request ended, not wait for a timeout
+                        state.sender.send(pb_utils.InferenceResponse(
+                            output_tensors=[], error=pb_utils.TritonError(
+                                f"internal error while returning tokens: {type(exc).__name__}: {exc}")),
+                            flags=FINAL)
+                    except Exception:
+                        pass  # the sender itself is what broke
+            self.manager.cancel_request(state.rid)
 
     def _deliver(self, state, result):
         now = time.time_ns()
@@ -363,8 +414,6 @@ class TritonPythonModel:
                     state.sender.send(pb_utils.InferenceResponse(
                         output_tensors=[], error=pb_utils.TritonError(f"generation failed: {result.error}")),
                         flags=FINAL)
-            self.counter["failed"].increment(1)
-            self._publish()
             return
         if state.first_scheduled_ns == 0:
             state.first_scheduled_ns = now
@@ -387,9 +436,8 @@ class TritonPythonModel:
                     self.stats["generating"] += 1
                     self.stats["max_concurrent_generating"] = max(self.stats["max_concurrent_generating"],
                                                                   self.stats["generating"])
-                self._publish()
             state.last_token_ns = now
-            self.counter["tokens"].increment(len(new))
+            self.stats["tokens_total"] += len(new)  # only this thread writes it; _publish reads
         if stop_hit and not finished:
             self.manager.cancel_request(state.rid)
             finished = True
@@ -400,8 +448,6 @@ class TritonPythonModel:
         elif finished:
             self._send(state, tokens, 0, final=True)
             state.sent = len(tokens)
-        if finished:
-            self._publish()
 
     def _send(self, state, tokens, offset, final):
         """Send one response (tokens[offset:...] of the sequence); the sequence's last one retires it first,
@@ -451,23 +497,31 @@ class TritonPythonModel:
 
     # ---- cancellation: a client that goes away frees its request's KV blocks -------------------
     def _cancel_loop(self):
+        """Housekeeping every cancellation_check_period_ms: cancel the requests whose client went away
+        (frees their KV blocks) and publish the metrics. `is_cancelled()` is a round trip to the
+        server, so it is asked outside the lock that the dispatcher needs for every token."""
         while not self.stop_event.wait(self.cancel_period):
-            cancelled = 0
             with self.lock:
-                for state in list(self.requests.values()):
-                    if state.done or not state.sender.is_cancelled():
+                live = [state for state in self.requests.values() if not state.done]
+            gone = []
+            for state in live:
+                try:
+                    if state.sender.is_cancelled():
+                        gone.append(state)
+                except Exception:
+                    pass  # the request ended meanwhile
+            with self.lock:
+                for state in gone:
+                    if state.done:
                         continue
                     state.cancelled = True
                     self.manager.cancel_request(state.rid)  # frees the sequence's KV blocks
                     self._retire_locked(state)
                     if not state.group.closed:
                         state.group.closed = True
-                        cancelled += 1
+                        self.stats["requests_cancelled"] += 1
                         state.sender.send(pb_utils.InferenceResponse(
                             output_tensors=[], error=pb_utils.TritonError("request cancelled")), flags=FINAL)
-                self.stats["requests_cancelled"] = self.stats.get("requests_cancelled", 0) + cancelled
-            if cancelled:
-                self.counter["cancelled"].increment(cancelled)
             self._publish()  # also refreshes the KV free-block gauge
 
     def finalize(self):
