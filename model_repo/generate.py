@@ -360,9 +360,8 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
         llm.set("max_tokens_in_paged_kv_cache", bc["max_batch_size"] * bc["max_seq_len"],
                 "plan: max_batch_size x max_seq_len (every slot can hold a full sequence)")
     llm.set("cuda_graph_mode", "auto", "transformers decides (graphs for the decode and varlen paths on GPU)")
-    llm.set("async_batching", "false" if gpu else "auto",
-            "GPU: off -- transformers' async double-buffering doubles the batch buffers and was far slower on "
-            "the H200 (docs/benchmarks/h200.md)" if gpu else "CPU: transformers decides (unchanged)")
+    llm.set("async_batching", "false", "the per-request sampling processors (sampling.py) need synchronous batching; "
+            "on GPU transformers' async double-buffering was also far slower on the H200 (docs/benchmarks/h200.md)")
     llm.set("library_defaults", "false", "the planner's settings, not transformers' own sizing")
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):

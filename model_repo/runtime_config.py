@@ -34,7 +34,12 @@ def runtime_settings(params, build_config):
     s["max_queue_size"] = int(get("max_queue_size", "0"))
     s["allow_block_sharing"] = _flag(get("enable_kv_cache_reuse"), False)
     s["use_cuda_graph"] = _flag(get("cuda_graph_mode"), None)
-    s["use_async_batching"] = _flag(get("async_batching"), None)
+    # Synchronous batching always: the per-request sampling processors (tensorrt_llm_pytorch/1/sampling.py)
+    # prepare and consume one batch's arguments before the next batch is prepared.
+    if _flag(get("async_batching"), False):
+        raise ValueError("async_batching = true: the pytorch runtime's per-request sampling needs synchronous "
+                         "batching; set it to false")
+    s["use_async_batching"] = False
     # "true": let transformers size everything itself (KV share of free memory, block size, batch
     # token budget, CUDA graphs, async batching) -- the baseline the planner's choice is measured against.
     s["library_defaults"] = _flag(get("library_defaults"), False)
@@ -53,11 +58,12 @@ def continuous_batching_config(settings):
 
     fields = {f.name for f in dataclasses.fields(ContinuousBatchingConfig)}
     # per_request_processors: each request carries its own temperature/top_k/top_p (sampling.py).
-    kw = {"max_queue_size": settings["max_queue_size"], "per_request_processors": True}
+    kw = {"max_queue_size": settings["max_queue_size"], "per_request_processors": True,
+          "use_async_batching": False}  # also with library_defaults: sampling.py needs synchronous batching
     if not settings.get("library_defaults"):
         kw.update(num_blocks=settings["num_blocks"], max_batch_tokens=settings["max_num_tokens"],
                   max_requests_per_batch=settings["max_batch_size"],
                   allow_block_sharing=settings["allow_block_sharing"],
-                  use_cuda_graph=settings["use_cuda_graph"], use_async_batching=settings["use_async_batching"])
+                  use_cuda_graph=settings["use_cuda_graph"])
         kw["page_size" if "page_size" in fields else "block_size"] = settings["tokens_per_block"]
     return ContinuousBatchingConfig(**{k: v for k, v in kw.items() if k in fields})
