@@ -255,23 +255,26 @@ class TritonServer:
 
     def wait_ready(self) -> None:
         """Block until the server and every model in the repository are READY, or raise ServerError."""
-        import tritonclient.http as httpclient
+        import tritonclient.grpc as grpcclient  # the client protocol of everything else here
 
         models = sorted(p.name for p in self.cfg.model_repository.iterdir() if (p / "config.pbtxt").is_file())
-        client = httpclient.InferenceServerClient(self.cfg.http_url, connection_timeout=2.0, network_timeout=5.0)
+        client = grpcclient.InferenceServerClient(self.cfg.grpc_url)
         deadline = time.monotonic() + self.cfg.ready_timeout_s
         last_state: dict = {}
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                self._raise(f"tritonserver exited with status {self.proc.returncode} before becoming ready")
-            with contextlib.suppress(Exception):
-                if client.is_server_live():
-                    last_state = {m: client.is_model_ready(m) for m in models}
-                    if all(last_state.values()) and client.is_server_ready():
-                        log.info("tritonserver ready: %s (HTTP %s, gRPC %s, metrics :%d)", ", ".join(models),
-                                 self.cfg.http_url, self.cfg.grpc_url, self.cfg.metrics_port)
-                        return
-            time.sleep(0.5)
+        try:
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    self._raise(f"tritonserver exited with status {self.proc.returncode} before becoming ready")
+                with contextlib.suppress(Exception):
+                    if client.is_server_live(client_timeout=5.0):
+                        last_state = {m: client.is_model_ready(m, client_timeout=5.0) for m in models}
+                        if all(last_state.values()) and client.is_server_ready(client_timeout=5.0):
+                            log.info("tritonserver ready: %s (HTTP %s, gRPC %s, metrics :%d)", ", ".join(models),
+                                     self.cfg.http_url, self.cfg.grpc_url, self.cfg.metrics_port)
+                            return
+                time.sleep(0.5)
+        finally:
+            client.close()
         not_ready = [m for m, ok in last_state.items() if not ok] or models
         self._raise(f"models {not_ready} not READY after {self.cfg.ready_timeout_s:.0f} s")
 
