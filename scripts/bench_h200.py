@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -120,9 +121,11 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str]) 
              "kv_bytes_per_token": plan.memory.kv.bytes_per_token, "weights_bytes": plan.memory.weights_bytes_per_rank,
              "limits": build.settings.limits.model_dump(), "serving": build.settings.serving.model_dump()}
     for name in ("cb", "defaults", "static"):
-        out = work / f"repo-{name}"
-        if (out / "ensemble" / "config.pbtxt").is_file():
-            continue
+        out = work / f"repo-{name}"  # regenerated every time: a stale copy would measure old templates
+        if out.exists():
+            import shutil
+
+            shutil.rmtree(out)
         rp = plan_repository(build, target, engine, sys_path=sys_path, kv_pool_tokens=kv_tokens)
         llm = next(m for m in rp.models if m.name == "tensorrt_llm")
         if name == "defaults":
@@ -179,10 +182,16 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
                                                  attn_implementation="sdpa").to(device).eval()
     tok = AutoTokenizer.from_pretrained(str(engine))
     lt_tok = load_tokenizer(engine)
-    gcfg = GenerationConfig(max_new_tokens=bc["max_seq_len"], do_sample=False, eos_token_id=[2], pad_token_id=2)
+    # The served runtime's own sampling processors (templates/tensorrt_llm_pytorch/1/sampling.py), installed
+    # the same way model.py does, so in-process differs from served by Triton and the ensemble only.
+    sampling = _load_sampling()
+    gcfg = GenerationConfig(max_new_tokens=bc["max_seq_len"], eos_token_id=[2], pad_token_id=2,
+                            **sampling.CREATION_DEFAULTS)
     t0 = time.perf_counter()
     manager = model.init_continuous_batching(generation_config=gcfg,
                                              continuous_batching_config=continuous_batching_config(settings))
+    table = sampling.RequestTable()
+    sampling.install(manager, table)
     manager.start()
     init_s = time.perf_counter() - t0
     never = int(model.config.vocab_size)  # end id never generated: fixed output lengths (ignore-eos)
@@ -192,8 +201,8 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
             wl = synthetic(n + warmup, str(isl), str(osl), lt_tok, seed=seed + 1000 * k, offset=k * (n + warmup))
             prompts = [tok.encode(r.prompt, add_special_tokens=True) for r in wl.requests]
             if warmup:
-                _closed_loop(manager, prompts[:warmup], osl, min(conc, warmup), never, warmup=True)
-            recs = _closed_loop(manager, prompts[warmup:], osl, conc, never)
+                _closed_loop(manager, prompts[:warmup], osl, min(conc, warmup), never, table, sampling, warmup=True)
+            recs = _closed_loop(manager, prompts[warmup:], osl, conc, never, table, sampling)
             s = summarize(recs)
             results.append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc, "requests": n},
                             "summary": s})
@@ -204,7 +213,19 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
     return {"settings": settings, "init_s": init_s, "points": results}
 
 
-def _closed_loop(manager, prompts, osl, conc, never, warmup=False):
+def _load_sampling():
+    import importlib.util
+
+    from model_repo.generate import TEMPLATES
+
+    spec = importlib.util.spec_from_file_location("trtpipe_sampling",
+                                                  TEMPLATES / "tensorrt_llm_pytorch" / "1" / "sampling.py")
+    mod = sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _closed_loop(manager, prompts, osl, conc, never, table, sampling, warmup=False):
     from pipeline.loadtest.metrics import RequestRecord
 
     recs, pending, lock = {}, list(enumerate(prompts)), threading.Lock()
@@ -216,7 +237,9 @@ def _closed_loop(manager, prompts, osl, conc, never, warmup=False):
                             warmup=warmup)
         rec.sent = time.monotonic()
         recs[rid] = [rec, 0]
-        manager.add_request(ids, request_id=rid, max_new_tokens=osl, streaming=True, eos_token_id=[never])
+        handle = table.add(sampling.SamplingParams(end_ids=(never,)))  # greedy, as the served requests
+        manager.add_request(ids, request_id=rid, max_new_tokens=osl, streaming=True, eos_token_id=[never],
+                            **{sampling.HANDLE_KWARG: handle})
 
     for _ in range(min(conc, len(pending))):
         submit()
@@ -257,7 +280,7 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
             lt = LoadTestConfig(url=cfg.grpc_url, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
                                 concurrency=[conc], num_requests=n, warmup=warmup, input_len=str(isl),
                                 output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
-                                seed=seed + 1000 * k, request_timeout_s=600, drain_timeout_s=600,
+                                seed=seed + 1000 * k, request_timeout_s=300, drain_timeout_s=300,
                                 max_client_cpu=0.95)
             rep = run_loadtest(lt)
             p = rep["points"][0]
@@ -378,6 +401,7 @@ def main(argv=None) -> int:
     ap.add_argument("--python-path", default="", help="TRTPIPE_PYTHONPATH for the stub (numpy<2 first)")
     ap.add_argument("--quant-algos", default="fp8,int4_awq")
     ap.add_argument("--tag", default="", help="suffix of the JSON file names")
+    ap.add_argument("--phase-timeout", type=int, default=900, help="seconds before a phase is killed")
     ap.add_argument("--phase-child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -422,8 +446,15 @@ def main(argv=None) -> int:
     results, failures = {"env": env_info(device)}, {}
     for ph in a.phases.split(","):
         t0 = time.perf_counter()
-        rc = subprocess.call([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                              "--phase-child", ph, "--work", str(work)])
+        child = subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
+                                  "--phase-child", ph, "--work", str(work)], start_new_session=True)
+        try:
+            rc = child.wait(timeout=a.phase_timeout)
+        except subprocess.TimeoutExpired:  # a hung phase must not eat the lease: kill it, its server and stubs
+            os.killpg(child.pid, signal.SIGKILL)
+            subprocess.call(["pkill", "-9", "-f", "tritonserver|triton_python_backend_stub"])
+            rc = child.wait()
+            log.error("phase %s killed after %d s", ph, a.phase_timeout)
         f = work / "results" / f"{ph}.json"
         if rc != 0 or not f.is_file():
             failures[ph] = f"exit {rc}"

@@ -3,6 +3,7 @@
 #
 #   scripts/h200_session.sh start     # unpack the carried wheels, launch every bench step detached (setsid)
 #   scripts/h200_session.sh poll [S]  # wait up to S seconds (default 540) for the run, copy results to $OUT
+#   scripts/h200_session.sh profile   # engine + repos, then scripts/profile_stub.py (py-spy wheel carried)
 #
 # Why detached: one device call may last 10 minutes, the measurement takes ~20, and a fresh machine
 # would rebuild the 16 GB engine each time. The run keeps going on the warm machine between calls; each
@@ -56,6 +57,17 @@ case "${1:-}" in
     setsid nohup bash -c "$(declare -f bench run_all); W=$W STUB_PATH=$STUB_PATH; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"
+    ;;
+  profile)
+    mkdir -p "$W/out" "$OUT"
+    setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
+    bench prof engine,repos "128/128:1" > "$W/run.log" 2>&1
+    (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
+       TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/profile_stub.py \
+       "$W/repo-cb" "$W/engine" --points "${POINTS:-128/128:1,32}" --seconds 10 --py-spy /tmp/site/bin/py-spy \
+       --python-path "$STUB_PATH" --out "$OUT" ${PROFILE_ARGS:-}) >> "$W/run.log" 2>&1
+    tail -c 20000 "$W/run.log" | grep -v "^[IW]1130"
+    exit 0
     ;;
   poll)
     for _ in $(seq 1 $(( ${2:-540} / 10 ))); do

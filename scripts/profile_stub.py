@@ -1,0 +1,149 @@
+"""Where the served `tensorrt_llm` model's Python-backend stub spends its time, under load.
+
+    python scripts/profile_stub.py REPO ENGINE --points 128/128:1,32 [--seconds 12] [--py-spy PATH]
+
+Starts tritonserver on REPO (a repository from `trtpipe build` or scripts/bench_h200.py), runs a closed
+loop at each point with `trtpipe loadtest`'s runner, and while it runs records the tensorrt_llm stub
+with py-spy twice: all samples (where each thread is) and `--gil` samples (which thread holds the
+GIL). Prints, per point and thread, the share of samples and the top frames, and writes
+profile.json + the raw py-spy files to --out. Used for docs/benchmarks/h200.md "serving overhead".
+
+py-spy: https://github.com/benfred/py-spy (sampling profiler; `record --threads --gil -f raw`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def stub_pid(model: str = "tensorrt_llm") -> str:
+    """PID of the stub serving ``model`` (its command line names <repo>/<model>/1/model.py)."""
+    out = subprocess.run(["pgrep", "-af", "triton_python_backend_stub"], capture_output=True, text=True).stdout
+    pids = [line.split()[0] for line in out.splitlines() if f"/{model}/1/model.py" in line]
+    if not pids:
+        raise SystemExit(f"no Python-backend stub for {model} found")
+    return pids[0]
+
+
+def summarize(raw: Path, top: int = 12) -> dict:
+    """py-spy raw (collapsed stacks 'thread;frame;...;frame count') -> samples per thread and top leaves."""
+    threads, leaves = Counter(), Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        name = frames[0].split(": ", 1)[-1]
+        threads[name] += int(n)
+        leaves[f"{name} | {frames[-1]}"] += int(n)
+    total = sum(threads.values()) or 1
+    return {"samples": total, "threads": {k: round(v / total, 3) for k, v in threads.most_common()},
+            "top_frames": [(k, round(v / total, 3)) for k, v in leaves.most_common(top)]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("repo", type=Path)
+    ap.add_argument("engine", type=Path, help="engine folder (its tokenizer makes the prompts)")
+    ap.add_argument("--points", default="128/128:1,32")
+    ap.add_argument("--seconds", type=int, default=12, help="py-spy duration per recording")
+    ap.add_argument("--py-spy", default="py-spy")
+    ap.add_argument("--python-path", default="", help="TRTPIPE_PYTHONPATH for the stub")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "build/profile"))
+    ap.add_argument("--inproc", action="store_true",
+                    help="profile the same runtime called in-process (scripts/bench_h200.py inproc), no Triton")
+    a = ap.parse_args(argv)
+    if a.inproc:
+        return _inproc(a)
+
+    from pipeline.loadtest.api import run_loadtest
+    from pipeline.loadtest.config import LoadTestConfig
+    from pipeline.serve import ServerConfig, TritonServer, free_ports
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(3)
+    cfg = ServerConfig(model_repository=a.repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
+                       python_path=[p for p in a.python_path.split(os.pathsep) if p] or None,
+                       log_file=a.out / "server.log", ready_timeout_s=900)
+    report = []
+    with TritonServer(cfg):
+        pid = stub_pid()
+        for spec in a.points.split(";"):
+            shape, concs = spec.split(":")
+            isl, osl = shape.split("/")
+            for conc in (int(c) for c in concs.split(",")):
+                tag = f"{isl}-{osl}-c{conc}"
+                # enough requests to outlast warm-up + two recordings
+                n = max(conc * 2, 6)
+                lt = LoadTestConfig(url=cfg.grpc_url, concurrency=[conc], num_requests=n, warmup=0, input_len=isl,
+                                    output_len=osl, tokenizer_dir=a.engine, fixed_output="ignore_eos", seed=11,
+                                    request_timeout_s=300, drain_timeout_s=300)
+                res: dict = {}
+                t = threading.Thread(target=lambda: res.update(run_loadtest(lt)), daemon=True)
+                t.start()
+                time.sleep(4)  # past the first prefill
+                entry = {"point": tag, "stub_pid": pid}
+                for kind, extra in (("all", []), ("gil", ["--gil"])):
+                    raw = a.out / f"spy-{tag}-{kind}.txt"
+                    subprocess.run([a.py_spy, "record", "-p", pid, "-d", str(a.seconds), "-r", "200", "--threads",
+                                    "-f", "raw", "-o", str(raw), "--nonblocking", *extra],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    entry[kind] = summarize(raw) if raw.is_file() and raw.stat().st_size else {"error": "no samples"}
+                t.join()
+                if res.get("points"):
+                    entry["output_token_throughput"] = res["points"][0]["summary"].get("output_token_throughput")
+                report.append(entry)
+                print(json.dumps(entry, indent=1), flush=True)
+    (a.out / "profile.json").write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def _inproc(a) -> int:
+    """The in-process comparison: bench_h200.inproc() at each point, py-spy on this very process."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_h200
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    report = []
+    for spec in a.points.split(";"):
+        shape, concs = spec.split(":")
+        isl, osl = (int(x) for x in shape.split("/"))
+        for conc in (int(c) for c in concs.split(",")):
+            tag = f"inproc-{isl}-{osl}-c{conc}"
+            entry = {"point": tag}
+
+            def spy():
+                time.sleep(25)  # model load + warm-up
+                for kind, extra in (("all", []), ("gil", ["--gil"])):
+                    raw = a.out / f"spy-{tag}-{kind}.txt"
+                    subprocess.run([a.py_spy, "record", "-p", str(os.getpid()), "-d", str(a.seconds), "-r", "200",
+                                    "--threads", "-f", "raw", "-o", str(raw), "--nonblocking", *extra],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    entry[kind] = summarize(raw) if raw.is_file() and raw.stat().st_size else {"error": "no samples"}
+
+            t = threading.Thread(target=spy, daemon=True)
+            t.start()
+            res = bench_h200.inproc(a.engine, a.repo, "cuda" if torch.cuda.is_available() else "cpu",
+                                    "bfloat16" if torch.cuda.is_available() else "float32",
+                                    [(isl, osl, conc, max(2 * conc, 8))], seed=11, warmup=1)
+            t.join()
+            entry["output_token_throughput"] = res["points"][0]["summary"].get("output_token_throughput")
+            report.append(entry)
+            print(json.dumps(entry, indent=1), flush=True)
+    (a.out / "profile-inproc.json").write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
