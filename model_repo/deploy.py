@@ -36,10 +36,15 @@ import yaml
 
 from builders.engine_trtllm import TRTLLM_VERSION
 
-# TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag (the compatibility matrix's
-# "Container Name: trtllm-python-py3" table). 1.2.x is not listed in the matrix as stored
-# (its newest row, 25.12, ships 1.1.0): add the row once NVIDIA publishes it.
+# TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag: the "Container Name: trtllm-python-py3"
+# table of NVIDIA's Triton compatibility matrix, docs/introduction/compatibility.md of
+# github.com/triton-inference-server/server (commit 0f963c9a8c6913aa4cd9b57ee04f9c2b76ee8d2a; published at
+# https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/introduction/compatibility.html).
+# 1.2.1 ships in 26.04, 26.05, 26.06 and 26.07 (all with TensorRT 10.14.1.48, so an engine built in one
+# runs in the others); like the rows below, the newest container listed for a version is named.
 TRITON_TRTLLM_IMAGES = {
+    "1.2.1": "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",
+    "1.2.0": "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3",
     "1.1.0": "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3",
     "1.0.0": "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3",
     "0.21.0": "nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3",

@@ -144,6 +144,7 @@ def test_bundle_runs_its_script_on_a_writable_mount(tmp_path):
 
 
 def test_images_per_runtime():
+    assert triton_image("1.2.1") == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
     assert triton_image("1.1.0").endswith("25.12-trtllm-python-py3")
     assert IMAGE_VAR in triton_image("9.9.9") and ":?" in triton_image("9.9.9")
 
