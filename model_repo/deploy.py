@@ -1,42 +1,59 @@
 """Deployment files for a build: docker compose and Kubernetes manifests, as data then files.
 
 :func:`plan_deployment` computes what the files hold (image, world size, GPUs per node, ports,
-shared memory, the launch command) from the build and its target; :func:`write_deployment`
-renders ``docker-compose.yaml`` and ``k8s/*.yaml`` into ``build/<name>/<target>/deploy/``.
+shared memory, where the build folder is mounted, the launch command) from the build, its target
+and what the build produced; :func:`render_deployment` turns the plan into the text of
+``docker-compose.yaml`` and ``k8s/*.yaml``; :func:`write_deployment` writes them into a folder
+(the build's ``deploy`` stage writes ``build/<name>/<target>/deploy/`` atomically).
 
 * one node (tp x pp <= the target's GPUs per node): a Deployment + Service;
 * more: a LeaderWorkerSet (``leaderworkerset.x-k8s.io/v1``, one pod per node, the leader runs
   mpirun over the group) + Service.
 
+The build folder is mounted inside the container **at the absolute path it had when it was
+built**: every ``config.pbtxt`` names its engine/tokenizer folders by that path, so the
+repository works unchanged wherever the folder was copied to on the host. What runs:
+
+* ``model_repo``: tritonserver (leader-mode mpirun for the trtllm runtime) on ``model_repo/``;
+* ``bundle`` (trtllm runtime built where TensorRT-LLM is not installed): the bundle's own
+  ``build_and_serve.sh``, which builds the engine in the container on first start and serves it
+  (the mount is writable for that).
+
 The image is the NVIDIA Triton TensorRT-LLM container matching the pinned TensorRT-LLM
-(:data:`TRITON_TRTLLM_IMAGES`, from NVIDIA's Triton release compatibility matrix,
-https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/introduction/compatibility.html).
-When the pin has no row there the files require ``TRITON_TRTLLM_IMAGE`` to be set rather than
-guessing a tag.
+(:data:`TRITON_TRTLLM_IMAGES`, from NVIDIA's Triton release compatibility matrix). The portable
+``pytorch`` runtime needs the project's own Python stack (transformers 5.24, numpy < 2), which no
+published image carries: its files require ``TRTPIPE_IMAGE`` to be set rather than naming an
+image that cannot serve it.
 """
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
 
 from builders.engine_trtllm import TRTLLM_VERSION
 
-# TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag (the compatibility matrix's
-# "Container Name: trtllm-python-py3" table). 1.2.x is not listed in the matrix as stored
-# (its newest row, 25.12, ships 1.1.0): add the row once NVIDIA publishes it.
+# TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag: the "Container Name: trtllm-python-py3"
+# table of NVIDIA's Triton compatibility matrix, docs/introduction/compatibility.md of
+# github.com/triton-inference-server/server (commit 0f963c9a8c6913aa4cd9b57ee04f9c2b76ee8d2a; published at
+# https://docs.nvidia.com/deeplearning/triton-inference-server/user-guide/docs/introduction/compatibility.html).
+# 1.2.1 ships in 26.04, 26.05, 26.06 and 26.07 (all with TensorRT 10.14.1.48, so an engine built in one
+# runs in the others); like the rows below, the newest container listed for a version is named.
 TRITON_TRTLLM_IMAGES = {
+    "1.2.1": "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3",
+    "1.2.0": "nvcr.io/nvidia/tritonserver:26.03-trtllm-python-py3",
     "1.1.0": "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3",
     "1.0.0": "nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3",
     "0.21.0": "nvcr.io/nvidia/tritonserver:25.08-trtllm-python-py3",
     "0.20.0": "nvcr.io/nvidia/tritonserver:25.07-trtllm-python-py3",
 }
 IMAGE_VAR = "TRITON_TRTLLM_IMAGE"
+PYTORCH_IMAGE_VAR = "TRTPIPE_IMAGE"
 SHM_SIZE = "2g"  # >= 64 MB per Python-backend instance; the container default (64 MB) is too small
-MOUNT = "/trtpipe"  # where the build folder is mounted inside the container
+PVC_NAME = "trtpipe-build"  # the Kubernetes volume claim that holds the build folder
 
 
 def triton_image(trtllm_version: str = TRTLLM_VERSION) -> str:
@@ -46,9 +63,18 @@ def triton_image(trtllm_version: str = TRTLLM_VERSION) -> str:
         f"ships TensorRT-LLM {trtllm_version} (NVIDIA's Triton compatibility matrix)}}")
 
 
+def runtime_image(runtime: str, trtllm_version: str = TRTLLM_VERSION) -> str:
+    """The image a runtime is served from (see the module docstring)."""
+    if runtime == "pytorch":
+        return (f"${{{PYTORCH_IMAGE_VAR}:?set {PYTORCH_IMAGE_VAR} to an image with tritonserver (Python backend) and "
+                "this project's pinned Python packages (transformers 5.24, torch 2.13, numpy<2): the NGC TRT-LLM "
+                "image does not carry them}")
+    return triton_image(trtllm_version)
+
+
 @dataclass(frozen=True)
 class DeploymentPlan:
-    """What the deployment files hold, and why."""
+    """What the deployment files hold, and why (``reasons``: field -> where the value came from)."""
 
     name: str
     runtime: str
@@ -56,74 +82,130 @@ class DeploymentPlan:
     world_size: int
     gpus_per_node: int
     nodes: int
+    gpu: bool
     http_port: int
     grpc_port: int
     metrics_port: int
+    mount: str
+    writable: bool
+    served_from: str
     command: list[str]
+    environment: dict = field(default_factory=dict)
+    reasons: dict = field(default_factory=dict)
 
     @property
     def multi_node(self) -> bool:
         return self.nodes > 1
 
+    def as_dict(self) -> dict:
+        return asdict(self)
 
-def plan_deployment(build, target) -> DeploymentPlan:
-    """The deployment for ``build`` on ``target`` (inside the container: repository at /trtpipe/model_repo)."""
-    from builders.bundle_trtllm import serve_argv
 
+def plan_deployment(build, target, build_folder: Path | None = None, served_from: str | None = None) -> DeploymentPlan:
+    """The deployment for ``build`` on ``target``.
+
+    Args:
+        build_folder: the build's output folder (default ``build/<name>/<target>``); mounted in the
+            container at its absolute path.
+        served_from: ``model_repo`` or ``bundle`` (default: ``bundle`` for the trtllm runtime when
+            ``build_folder/bundle`` exists and ``build_folder/model_repo`` does not).
+    """
+    from builders.bundle_trtllm import SCRIPT_NAME, serve_argv
+
+    if build_folder is None:
+        from pipeline.build import build_dir
+
+        build_folder = build_dir(build)
+    mount = str(Path(build_folder).resolve())
     s = build.settings
+    if served_from is None:
+        bundle_only = (Path(build_folder) / "bundle").is_dir() and not (Path(build_folder) / "model_repo").is_dir()
+        served_from = "bundle" if s.runtime == "trtllm" and bundle_only else "model_repo"
     world = s.parallelism.tp_size * s.parallelism.pp_size
-    per_node = max(1, int(getattr(target, "gpus_per_node", 0) or 0)) if s.runtime == "trtllm" else max(1, world)
-    per_node = min(per_node, world)
+    gpu = target.kind == "gpu"
+    per_node = min(max(1, int(target.gpus_per_node)), world) if s.runtime == "trtllm" else world
     nodes = -(-world // per_node)
     sv = s.serving
-    repo = f"{MOUNT}/model_repo" if s.runtime != "trtllm" else f"{MOUNT}/bundle/model_repo"
-    if s.runtime == "trtllm":
+    env: dict = {}
+    reasons = {
+        "image": f"runtime {s.runtime}: " + ("the project's own image (TRTPIPE_IMAGE)" if s.runtime == "pytorch" else
+                                             f"NGC Triton container shipping TensorRT-LLM {TRTLLM_VERSION}"),
+        "mount": "the build folder's absolute path at build time: config.pbtxt files name folders by it",
+        "gpus_per_node": (f"trtllm: min(target {target.name} gpus_per_node {target.gpus_per_node}, world_size {world})"
+                          if s.runtime == "trtllm" else f"{s.runtime}: one process holds all {world} rank(s)"),
+    }
+    if served_from == "bundle":
+        # The bundle's script builds the engine inside the container (first start), then serves it.
+        cmd = ["bash", f"{mount}/bundle/{SCRIPT_NAME}"]
+        env = {"ADDRESS": "0.0.0.0", "HTTP_PORT": str(sv.http_port), "GRPC_PORT": str(sv.grpc_port),
+               "METRICS_PORT": str(sv.metrics_port)}
+        reasons["command"] = "bundle/build_and_serve.sh: trtllm-build in the container on first start, then serve"
+    elif s.runtime == "trtllm":
         # The container listens on all interfaces: the pod/compose network is the boundary.
-        cmd = serve_argv(world, repo, http_port=sv.http_port, grpc_port=sv.grpc_port,
+        cmd = serve_argv(world, f"{mount}/model_repo", http_port=sv.http_port, grpc_port=sv.grpc_port,
                          metrics_port=sv.metrics_port, address="0.0.0.0")
+        reasons["command"] = f"leader-mode mpirun, one tritonserver rank per GPU (world_size {world})"
     else:
-        cmd = ["tritonserver", f"--model-repository={repo}", "--http-address=0.0.0.0", "--grpc-address=0.0.0.0",
-               "--metrics-address=0.0.0.0", f"--http-port={sv.http_port}", f"--grpc-port={sv.grpc_port}",
-               f"--metrics-port={sv.metrics_port}", "--strict-readiness=true", "--exit-on-error=true"]
-    return DeploymentPlan(build.name, s.runtime, triton_image(), world, per_node, nodes,
-                          sv.http_port, sv.grpc_port, sv.metrics_port, cmd)
+        cmd = ["tritonserver", f"--model-repository={mount}/model_repo", "--http-address=0.0.0.0",
+               "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0", f"--http-port={sv.http_port}",
+               f"--grpc-port={sv.grpc_port}", f"--metrics-port={sv.metrics_port}", "--strict-readiness=true",
+               "--exit-on-error=true"]
+        reasons["command"] = "one tritonserver process on model_repo/"
+    return DeploymentPlan(build.name, s.runtime, runtime_image(s.runtime), world, per_node, nodes, gpu,
+                          sv.http_port, sv.grpc_port, sv.metrics_port, mount, served_from == "bundle",
+                          served_from, cmd, env, reasons)
+
+
+def _shell(command: list[str]) -> list[str]:
+    return ["bash", "-lc", " ".join(shlex.quote(a) for a in command)]
 
 
 def compose(plan: DeploymentPlan) -> dict:
-    """docker-compose.yaml for one host (the multi-node case is Kubernetes' LeaderWorkerSet)."""
+    """docker-compose.yaml for one host (the multi-node case is Kubernetes' LeaderWorkerSet).
+
+    The file lives in ``deploy/``: compose resolves ``..`` against the file's folder, so the build
+    folder is what gets mounted whatever the working directory is.
+    """
     svc = {
         "image": plan.image,
-        "command": ["bash", "-lc", " ".join(shlex.quote(a) for a in plan.command)],
+        "command": _shell(plan.command),
         "shm_size": SHM_SIZE,
         "ulimits": {"memlock": -1, "stack": 67108864},
-        "volumes": [f".:{MOUNT}:ro"],
+        "volumes": [f"..:{plan.mount}" + ("" if plan.writable else ":ro")],
         "ports": [f"127.0.0.1:{p}:{p}" for p in (plan.http_port, plan.grpc_port, plan.metrics_port)],
         "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://localhost:{plan.http_port}/v2/health/ready"],
                         "interval": "10s", "timeout": "5s", "retries": 60, "start_period": "60s"},
-        "deploy": {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": plan.gpus_per_node, "capabilities": ["gpu"]}]}}},
     }
+    if plan.environment:
+        svc["environment"] = dict(plan.environment)
+    if plan.gpu:
+        svc["deploy"] = {"resources": {"reservations": {"devices": [
+            {"driver": "nvidia", "count": plan.gpus_per_node, "capabilities": ["gpu"]}]}}}
     return {"name": plan.name, "services": {"triton": svc}}
 
 
 def _container(plan: DeploymentPlan, command: list[str]) -> dict:
-    return {
+    c = {
         "name": "triton", "image": plan.image, "command": command,
         "ports": [{"name": "http", "containerPort": plan.http_port}, {"name": "grpc", "containerPort": plan.grpc_port},
                   {"name": "metrics", "containerPort": plan.metrics_port}],
-        "resources": {"limits": {"nvidia.com/gpu": plan.gpus_per_node}},
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": plan.http_port},
                            "periodSeconds": 10, "failureThreshold": 3},
         "startupProbe": {"httpGet": {"path": "/v2/health/ready", "port": plan.http_port},
                          "periodSeconds": 10, "failureThreshold": 90},
         "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": plan.http_port}, "periodSeconds": 15},
-        "volumeMounts": [{"name": "build", "mountPath": MOUNT, "readOnly": True},
+        "volumeMounts": [{"name": "build", "mountPath": plan.mount, "readOnly": not plan.writable},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
+    if plan.environment:
+        c["env"] = [{"name": k, "value": v} for k, v in plan.environment.items()]
+    if plan.gpu:
+        c["resources"] = {"limits": {"nvidia.com/gpu": plan.gpus_per_node}}
+    return c
 
 
 def _volumes() -> list[dict]:
-    return [{"name": "build", "persistentVolumeClaim": {"claimName": "trtpipe-build"}},
+    return [{"name": "build", "persistentVolumeClaim": {"claimName": PVC_NAME}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE.upper() + "i"}}]
 
 
@@ -134,7 +216,7 @@ def kubernetes(plan: DeploymentPlan) -> list[dict]:
                "spec": {"selector": labels, "ports": [
                    {"name": n, "port": p, "targetPort": p} for n, p in
                    (("http", plan.http_port), ("grpc", plan.grpc_port), ("metrics", plan.metrics_port))]}}
-    cmd = ["bash", "-lc", " ".join(shlex.quote(a) for a in plan.command)]
+    cmd = _shell(plan.command)
     if not plan.multi_node:
         pod = {"metadata": {"labels": labels}, "spec": {"containers": [_container(plan, cmd)], "volumes": _volumes()}}
         dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": plan.name, "labels": labels},
@@ -153,16 +235,28 @@ def kubernetes(plan: DeploymentPlan) -> list[dict]:
     return [lws, service]
 
 
-def write_deployment(plan: DeploymentPlan, out_dir: Path) -> list[Path]:
-    """Write docker-compose.yaml and k8s/<kind>.yaml into ``out_dir``; return the files."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "k8s").mkdir(exist_ok=True)
-    files = [out_dir / "docker-compose.yaml"]
-    head = (f"# Generated by trtpipe for {plan.name} ({plan.runtime} runtime, world_size {plan.world_size}).\n"
-            f"# Run from the build folder (it is mounted at {MOUNT}); see docs/deploy.md.\n")
-    files[0].write_text(head + yaml.safe_dump(compose(plan), sort_keys=False))
+def render_deployment(plan: DeploymentPlan) -> dict[str, str]:
+    """``{relative path: text}`` of every deployment file (docker-compose.yaml, k8s/<kind>.yaml)."""
+    head = (f"# Generated by trtpipe for {plan.name} ({plan.runtime} runtime, world_size {plan.world_size}, "
+            f"serving {plan.served_from}/).\n"
+            f"# The build folder is mounted at {plan.mount} (its path at build time); see docs/deploy.md.\n")
+    files = {"docker-compose.yaml": head + yaml.safe_dump(compose(plan), sort_keys=False)}
     for obj in kubernetes(plan):
-        path = out_dir / "k8s" / f"{obj['kind'].lower()}.yaml"
-        path.write_text(head + yaml.safe_dump(obj, sort_keys=False))
-        files.append(path)
+        files[f"k8s/{obj['kind'].lower()}.yaml"] = head + yaml.safe_dump(obj, sort_keys=False)
     return files
+
+
+def write_deployment(plan: DeploymentPlan, out_dir: Path) -> list[Path]:
+    """Write docker-compose.yaml and k8s/<kind>.yaml into ``out_dir``; return the files (compose first).
+
+    Not atomic by itself: the build's ``deploy`` stage calls it on a temporary folder that is renamed
+    into place when complete.
+    """
+    out_dir = Path(out_dir)
+    paths = []
+    for rel, text in render_deployment(plan).items():
+        path = out_dir / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        paths.append(path)
+    return paths

@@ -7,7 +7,8 @@ folder is written under a temporary name and renamed when complete, so a folder 
 exists is a finished stage. A rerun whose key matches reuses the folder and says so; a
 changed field reruns only the stages downstream of it.
 
-Outputs: ``build/<name>/<target>/{checkpoint,verify,engine,model_repo}/`` and ``manifest.json``.
+Outputs: ``build/<name>/<target>/{checkpoint,verify,engine,model_repo,deploy}/`` (``bundle/`` instead of
+``engine``/``model_repo`` for the trtllm runtime where TensorRT-LLM is not installed) and ``manifest.json``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pipeline.targets import TargetProfile, get_target
 log = logging.getLogger("trtpipe")
 
 BUILD_ROOT = REPO_ROOT / "build"
+# Stages whose output a server runs; the deploy stage follows whichever of them the build produced.
+SERVED_STAGES = ("model_repo", "bundle")
 
 
 def build_dir(build: ResolvedBuild, root: Path | None = None, variant: str | None = None) -> Path:
@@ -171,9 +174,12 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
             results.append(_engine_stage(build, target, hf_dir, ckpt, out, versions, force, progress))
             if stop_after != "engine" and results[-1].name != "bundle":
                 results.append(_package_stage(build, target, results[-1], out, force))
-        if results[-1].name == "bundle":
-            manifest["handoff"] = {"bundle": str(results[-1].path),
-                                   "script": str(results[-1].path / "build_and_serve.sh"),
+            if results[-1].name in SERVED_STAGES:  # the repository (or the GPU-host bundle) exists: how to run it
+                results.append(_deploy_stage(build, target, results[-1].name, out, force))
+        bundle = next((r for r in results if r.name == "bundle"), None)
+        if bundle is not None:
+            manifest["handoff"] = {"bundle": str(bundle.path),
+                                   "script": str(bundle.path / "build_and_serve.sh"),
                                    "reason": "TensorRT-LLM is not importable on this machine"}
         for r in results:
             manifest["stages"][r.name] = {"path": str(r.path), "key": r.key, "cached": r.cached,
@@ -292,6 +298,59 @@ def _package_stage(build, target: TargetProfile, engine: StageResult, out, force
         return {"models": sorted(configs)}
 
     return run_stage("model_repo", out / "model_repo", key, produce, force=force)
+
+
+def _deploy_stage(build, target: TargetProfile, served_from: str, out: Path, force: bool) -> StageResult:
+    """docker-compose.yaml and k8s/*.yaml for running ``served_from`` (model_repo or bundle) on a GPU host.
+
+    Keyed on what the files hold (model_repo.deploy.plan_deployment): runtime, parallelism, ports,
+    the target's GPUs per node, the image, the mount path and the generator's source; not on the
+    repository's or engine's keys (a KV-cache or limit change leaves the deployment as it is).
+    """
+    from model_repo import deploy
+
+    plan = deploy.plan_deployment(build, target, out, served_from=served_from)
+    key = stage_key(stage="deploy", plan=plan.as_dict(),
+                    generator=hashlib.sha256(Path(deploy.__file__).read_bytes()).hexdigest())
+
+    def produce(tmp: Path) -> dict:
+        files = deploy.write_deployment(plan, tmp)
+        return {"files": [str(f.relative_to(tmp)) for f in files], "image": plan.image,
+                "served_from": plan.served_from, "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node}
+
+    return run_stage("deploy", out / "deploy", key, produce, force=force)
+
+
+def deploy_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: str | None = None,
+                 force: bool = False) -> StageResult:
+    """(Re)write ``deploy/`` for a build that exists, and record it in its manifest.json.
+
+    Raises:
+        PipelineError: the build folder has neither ``model_repo/`` nor ``bundle/`` (not built yet).
+    """
+    from pipeline.errors import PipelineError
+
+    target = get_target(build.target)
+    out = build_dir(build, out_root, variant)
+    manifest_path = out / "manifest.json"
+    recorded = json.loads(manifest_path.read_text()).get("stages", {}) if manifest_path.is_file() else {}
+    # What the last build served (its manifest), else whichever finished stage folder exists.
+    served = ([name for name in SERVED_STAGES if name in recorded and (out / name / "stage.json").is_file()]
+              or [name for name in SERVED_STAGES if (out / name / "stage.json").is_file()])
+    if not served:
+        flags = f" --quant {variant}" if variant else ""
+        raise PipelineError(f"{out} holds no built model repository or bundle (looked for "
+                            f"{' and '.join(f'{n}/stage.json' for n in SERVED_STAGES)}): build it first with "
+                            f"`trtpipe build {build.spec_path} --target {build.target}{flags}`")
+    with build_lock(out):
+        result = _deploy_stage(build, target, served[0], out, force)
+        if manifest_path.is_file():
+            manifest = json.loads(manifest_path.read_text())
+            manifest.setdefault("stages", {})["deploy"] = {"path": str(result.path), "key": result.key,
+                                                           "cached": result.cached, "timing": result.timing,
+                                                           "info": result.info}
+            write_json(manifest_path, manifest)
+    return result
 
 
 def _planned_kv_tokens(plan_path: Path) -> int | None:

@@ -71,10 +71,39 @@ def cmd_build(args) -> int:
     print(f"manifest: {out / 'manifest.json'}")
     if all(st.get("cached") for name, st in manifest["stages"].items() if name != "model"):
         print("up to date: every stage reused (nothing changed since the last build)")
+    if "deploy" in manifest["stages"]:
+        print(f"deployment files: {out / 'deploy'} (docker-compose.yaml, k8s/; see docs/deploy.md)")
     if manifest.get("handoff"):
         print(f"next: on the GPU host, run {manifest['handoff']['script']} (see docs/gpu-hosts.md)")
     else:
         print("next: `make serve` then `make query PROMPT=\"...\"`")
+    return 0
+
+
+def cmd_deploy(args) -> int:
+    from pipeline.build import deploy_build
+
+    build = _resolve(args)
+    out = _build_path(args, build)
+    if args.print:
+        from model_repo.deploy import plan_deployment, render_deployment
+        from pipeline.targets import get_target
+
+        if not any((out / name).is_dir() for name in ("model_repo", "bundle")):
+            raise PipelineError(f"{out} is not built yet: run `trtpipe build {args.build} --target {build.target}` "
+                                "first (the deployment serves its model_repo/ or bundle/)")
+        for rel, text in render_deployment(plan_deployment(build, get_target(build.target), out)).items():
+            print(f"# ---- deploy/{rel}")
+            sys.stdout.write(text)
+        return 0
+    result = deploy_build(build, out_root=args.out, variant=args.quant, force=args.force)
+    state = "up to date" if result.cached else "written"
+    print(f"deployment files for {build.name} on {build.target} ({result.info.get('served_from')}/, "
+          f"image {result.info.get('image')}) {state}:")
+    for rel in result.info.get("files", []):
+        print(f"  {result.path / rel}")
+    print(f"run: docker compose -f {result.path / 'docker-compose.yaml'} up    or    "
+          f"kubectl apply -f {result.path / 'k8s'}/   (see docs/deploy.md)")
     return 0
 
 
@@ -275,6 +304,15 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--hf-config", default=None, help="plan against this HF config.json instead of fetching "
                                                       "model.source (e.g. tests/assets/llama-3-8b/config.json)")
     pl.set_defaults(func=cmd_plan)
+
+    d = sub.add_parser("deploy", help="(re)write or print the docker compose / Kubernetes files of a built build",
+                       description="Write build/<name>/<target>/deploy/ (docker-compose.yaml, k8s/*.yaml) for a build "
+                                   "that exists: the files `trtpipe build` writes, regenerated (e.g. after "
+                                   "copying the build). --print shows them without writing anything.")
+    _add_build_args(d)
+    d.add_argument("--print", action="store_true", help="print the files to stdout instead of writing them")
+    d.add_argument("--force", action="store_true", help="rewrite even when up to date")
+    d.set_defaults(func=cmd_deploy)
 
     for name, func, helptext in (("serve", cmd_serve, "start tritonserver on the built repository and wait for READY"),
                                  ("stop", cmd_stop, "stop a server started with serve --detach")):

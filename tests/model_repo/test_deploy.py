@@ -1,17 +1,67 @@
 """Deployment files: compose for one host, Deployment+Service for one node, LeaderWorkerSet when
-tp x pp needs more GPUs than a node has. Structural checks (required keys and types of the
-compose spec and of each Kubernetes kind); kubernetes-validate checks the schemas when installed."""
+tp x pp needs more GPUs than a node has; the bundle case runs the bundle's script.
+
+Schemas: Kubernetes objects against the Kubernetes OpenAPI schemas (kubernetes-validate, the `test`
+extra); the LeaderWorkerSet's pod templates the same way (as core PodTemplates) and its envelope
+against :data:`LWS_SPEC`; docker-compose.yaml against the compose-spec JSON schema that
+scripts/setup.sh installs into .schemas/. Each schema test also shows a broken file is rejected."""
 
 from __future__ import annotations
+
+import copy
+import json
+import os
 
 import pytest
 import yaml
 
-from model_repo.deploy import IMAGE_VAR, kubernetes, plan_deployment, triton_image, write_deployment
+from model_repo.deploy import (IMAGE_VAR, PYTORCH_IMAGE_VAR, compose, kubernetes, plan_deployment,
+                               render_deployment, triton_image, write_deployment)
+from pipeline.build import build_dir
+from pipeline.cli import main
 from pipeline.fsutil import REPO_ROOT
 from pipeline.spec import load_spec
 from pipeline.targets import get_target
 from tests.conftest import write_spec
+
+DEFAULT = REPO_ROOT / "configs/builds/smollm2-135m.yaml"
+K8S_VERSION = "1.30"
+# docker-compose 1.29.2's copy of compose-spec/compose-spec schema/compose-spec.json (PyPI; scripts/setup.sh).
+COMPOSE_SCHEMA = REPO_ROOT / ".schemas/docker-compose/compose/config/compose_spec.json"
+
+# The LeaderWorkerSet envelope (everything but its two pod templates), written from the
+# leaderworkerset.x-k8s.io/v1 API types (kubernetes-sigs/lws, api/leaderworkerset/v1/leaderworkerset_types.go):
+# the fields each type declares, the required ones, the enums and the documented minimum group size.
+# The CRD's full openAPIV3Schema ships in no package this project can install; the pod templates
+# inside are core PodTemplateSpecs and are validated with the Kubernetes schemas instead.
+LWS_SPEC = {
+    "type": "object", "additionalProperties": False, "required": ["leaderWorkerTemplate"],
+    "properties": {
+        "replicas": {"type": "integer", "minimum": 0},
+        "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+        "rolloutStrategy": {"type": "object"},
+        "networkConfig": {"type": "object"},
+        "leaderWorkerTemplate": {
+            "type": "object", "additionalProperties": False, "required": ["workerTemplate"],
+            "properties": {
+                "leaderTemplate": {"type": "object"},
+                "workerTemplate": {"type": "object"},
+                "size": {"type": "integer", "minimum": 1},
+                "restartPolicy": {"enum": ["Default", "RecreateGroupOnPodRestart", "RecreateGroupAfterStart",
+                                           "None"]},
+                "subGroupPolicy": {"type": "object"},
+                "volumeClaimTemplates": {"type": "array"},
+                "persistentVolumeClaimRetentionPolicy": {"type": "object"},
+            }},
+    }}
+
+
+def _need(ok: bool, why: str) -> None:
+    """Skip when a schema source is missing locally; in CI (setup.sh installs them) that is a failure."""
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (CI runs scripts/setup.sh, which installs it)")
+        pytest.skip(why)
 
 
 def _check_k8s(obj):
@@ -29,28 +79,47 @@ def _check_k8s(obj):
         return
     for c in containers:
         assert c["name"] and c["image"] and isinstance(c["command"], list)
-        assert isinstance(c["resources"]["limits"]["nvidia.com/gpu"], int)
+
+
+def _gpu_build(tmp_path, tp=1, pp=1, runtime="trtllm"):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    extra = f"    parallelism: {{tp_size: {tp}, pp_size: {pp}}}\n"
+    return load_spec(write_spec(tmp_path / "b.yaml", tmp_path, target="h100", runtime=runtime, extra=extra), "h100")
 
 
 def test_single_node_compose_and_deployment(tmp_path):
-    build = load_spec(REPO_ROOT / "configs/builds/smollm2-135m.yaml", "cpu")
-    plan = plan_deployment(build, get_target("cpu"))
+    build = load_spec(DEFAULT, "cpu")
+    folder = tmp_path / "build" / "smollm2" / "cpu"
+    plan = plan_deployment(build, get_target("cpu"), folder)
     files = write_deployment(plan, tmp_path / "deploy")
     comp = yaml.safe_load(files[0].read_text())
     svc = comp["services"]["triton"]
     assert svc["shm_size"] and all(p.startswith("127.0.0.1:") for p in svc["ports"])
-    assert "--model-repository=/trtpipe/model_repo" in svc["command"][-1]
+    # the build folder (`..` of deploy/) is mounted where it was built: config.pbtxt paths resolve
+    mount = str(folder.resolve())
+    assert svc["volumes"] == [f"..:{mount}:ro"]
+    assert f"--model-repository={mount}/model_repo" in svc["command"][-1]
+    assert "deploy" not in svc  # a cpu target asks for no GPU
     kinds = [yaml.safe_load(f.read_text())["kind"] for f in files[1:]]
     assert kinds == ["Deployment", "Service"]
     for f in files[1:]:
         _check_k8s(yaml.safe_load(f.read_text()))
 
 
+def test_gpu_single_node_requests_its_gpus(tmp_path):
+    plan = plan_deployment(_gpu_build(tmp_path, tp=2), get_target("h100"), tmp_path / "out")
+    assert plan.gpus_per_node == 2 and plan.nodes == 1 and plan.served_from == "model_repo"
+    devices = compose(plan)["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 2, "capabilities": ["gpu"]}]
+    dep = kubernetes(plan)[0]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert plan.command[0] == "mpirun" and plan.command.count("tritonserver") == 2
+
+
 def test_multi_node_uses_a_leader_worker_set_with_leader_mode_mpirun(tmp_path):
-    build = load_spec(write_spec(tmp_path / "b.yaml", tmp_path, target="h100", runtime="trtllm",
-                                 extra="    parallelism: {tp_size: 8, pp_size: 2}\n"), "h100")
+    build = _gpu_build(tmp_path, tp=8, pp=2)
     target = get_target("h100")
-    plan = plan_deployment(build, target)
+    plan = plan_deployment(build, target, tmp_path / "out")
     assert plan.world_size == 16 and plan.nodes == 16 // target.gpus_per_node
     objs = kubernetes(plan)
     assert [o["kind"] for o in objs] == ["LeaderWorkerSet", "Service"]
@@ -61,13 +130,171 @@ def test_multi_node_uses_a_leader_worker_set_with_leader_mode_mpirun(tmp_path):
     assert "--backend-config=python,shm-region-prefix-name=prefix15_" in cmd
 
 
-def test_unknown_pin_requires_the_image_to_be_named():
-    assert IMAGE_VAR in triton_image("9.9.9") and ":?" in triton_image("9.9.9")
+def test_bundle_runs_its_script_on_a_writable_mount(tmp_path):
+    folder = tmp_path / "out"
+    (folder / "bundle").mkdir(parents=True)
+    plan = plan_deployment(_gpu_build(tmp_path), get_target("h100"), folder)  # bundle/ only: detected
+    assert plan.served_from == "bundle" and plan.writable
+    svc = compose(plan)["services"]["triton"]
+    assert svc["command"][-1] == f"bash {folder.resolve()}/bundle/build_and_serve.sh"
+    assert svc["environment"]["ADDRESS"] == "0.0.0.0" and svc["volumes"] == [f"..:{folder.resolve()}"]
+    container = kubernetes(plan)[0]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "ADDRESS", "value": "0.0.0.0"} in container["env"]
+    assert container["volumeMounts"][0]["readOnly"] is False
+
+
+def test_images_per_runtime():
+    assert triton_image("1.2.1") == "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
     assert triton_image("1.1.0").endswith("25.12-trtllm-python-py3")
+    assert IMAGE_VAR in triton_image("9.9.9") and ":?" in triton_image("9.9.9")
+
+
+def test_pytorch_runtime_requires_an_image_with_the_project_stack(tmp_path):
+    plan = plan_deployment(load_spec(DEFAULT, "cpu"), get_target("cpu"), tmp_path)
+    assert plan.image.startswith(f"${{{PYTORCH_IMAGE_VAR}:?")
+    plan = plan_deployment(_gpu_build(tmp_path, runtime="trtllm-llmapi"), get_target("h100"), tmp_path)
+    assert plan.image == triton_image()
+
+
+# ---- schemas ---------------------------------------------------------------------------------
+
+def _all_k8s_objects(tmp_path):
+    plans = [plan_deployment(load_spec(DEFAULT, "cpu"), get_target("cpu"), tmp_path / "a"),
+             plan_deployment(_gpu_build(tmp_path / "b", tp=2), get_target("h100"), tmp_path / "b"),
+             plan_deployment(_gpu_build(tmp_path / "c", tp=8, pp=2), get_target("h100"), tmp_path / "c")]
+    return [obj for plan in plans for obj in kubernetes(plan)]
+
+
+def _pod_template(template: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "lws-template"}, "template": template}
+
+
+def _validate_k8s(kv, obj):
+    if obj["kind"] == "LeaderWorkerSet":  # a CRD: the envelope against LWS_SPEC, the pod templates as PodTemplates
+        import jsonschema
+
+        jsonschema.validate(obj["spec"], LWS_SPEC)
+        lwt = obj["spec"]["leaderWorkerTemplate"]
+        for template in (lwt["leaderTemplate"], lwt["workerTemplate"]):
+            kv.validate(_pod_template(template), K8S_VERSION, strict=True)
+    else:
+        kv.validate(obj, K8S_VERSION, strict=True)
 
 
 def test_manifests_pass_kubernetes_schemas(tmp_path):
-    kv = pytest.importorskip("kubernetes_validate")
-    build = load_spec(REPO_ROOT / "configs/builds/smollm2-135m.yaml", "cpu")
-    for obj in kubernetes(plan_deployment(build, get_target("cpu"))):
-        kv.validate(obj, "1.30", strict=True)
+    try:
+        import kubernetes_validate as kv
+    except ImportError:
+        kv = None
+    _need(kv is not None, "kubernetes-validate is not installed (pip install -e '.[test]')")
+    objs = _all_k8s_objects(tmp_path)
+    assert {o["kind"] for o in objs} == {"Deployment", "Service", "LeaderWorkerSet"}
+    for obj in objs:
+        _validate_k8s(kv, obj)
+
+
+def test_kubernetes_schema_check_rejects_broken_manifests(tmp_path):
+    try:
+        import kubernetes_validate as kv
+    except ImportError:
+        kv = None
+    _need(kv is not None, "kubernetes-validate is not installed (pip install -e '.[test]')")
+    import jsonschema
+
+    objs = {o["kind"]: o for o in _all_k8s_objects(tmp_path)}
+    bad = copy.deepcopy(objs["Deployment"])
+    bad["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = "http"
+    with pytest.raises(kv.ValidationError):
+        _validate_k8s(kv, bad)
+    bad = copy.deepcopy(objs["Service"])
+    bad["spec"]["ports"][0]["prot"] = 8000  # a typo: strict mode rejects unknown fields
+    with pytest.raises(kv.ValidationError):
+        _validate_k8s(kv, bad)
+    bad = copy.deepcopy(objs["LeaderWorkerSet"])
+    bad["spec"]["leaderWorkerTemplate"]["size"] = 0
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_k8s(kv, bad)
+    bad = copy.deepcopy(objs["LeaderWorkerSet"])
+    bad["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["resources"] = {"limit": {}}
+    with pytest.raises(kv.ValidationError):
+        _validate_k8s(kv, bad)
+
+
+def _compose_validator():
+    _need(COMPOSE_SCHEMA.is_file(), f"{COMPOSE_SCHEMA} is missing: run scripts/setup.sh")
+    import jsonschema
+
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    return jsonschema.Draft201909Validator(schema)
+
+
+def _validate_compose(validator, doc: dict) -> None:
+    """The compose-spec schema of 2021 predates the top-level ``name`` (a string in today's spec):
+    check that one key here, the rest against the schema."""
+    doc = dict(doc)
+    if "name" in doc:
+        assert isinstance(doc.pop("name"), str)
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.path))
+    if errors:
+        import jsonschema
+
+        raise jsonschema.ValidationError("; ".join(f"{list(e.path)}: {e.message}" for e in errors))
+
+
+def test_compose_files_pass_the_compose_spec_schema(tmp_path):
+    validator = _compose_validator()
+    folder = tmp_path / "b"
+    (folder / "bundle").mkdir(parents=True)
+    plans = [plan_deployment(load_spec(DEFAULT, "cpu"), get_target("cpu"), tmp_path / "a"),
+             plan_deployment(_gpu_build(folder, tp=2), get_target("h100"), folder),
+             plan_deployment(_gpu_build(tmp_path / "c", runtime="trtllm-llmapi"), get_target("h100"), tmp_path / "c")]
+    assert {p.served_from for p in plans} == {"model_repo", "bundle"}
+    for plan in plans:
+        _validate_compose(validator, yaml.safe_load(render_deployment(plan)["docker-compose.yaml"]))
+
+
+def test_compose_schema_check_rejects_broken_files(tmp_path):
+    import jsonschema
+
+    validator = _compose_validator()
+    good = compose(plan_deployment(_gpu_build(tmp_path, tp=2), get_target("h100"), tmp_path))
+    bad = copy.deepcopy(good)
+    bad["services"]["triton"]["gpus_per_node"] = 2  # not a compose key
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_compose(validator, bad)
+    bad = copy.deepcopy(good)
+    bad["services"]["triton"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] = [2]
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_compose(validator, bad)
+
+
+# ---- trtpipe deploy --------------------------------------------------------------------------
+
+def test_deploy_command_refuses_a_build_that_does_not_exist(tmp_path, capsys):
+    rc = main(["deploy", str(DEFAULT), "--target", "cpu", "--out", str(tmp_path)])
+    assert rc == 2 and "build it first with `trtpipe build" in capsys.readouterr().err
+    rc = main(["deploy", str(DEFAULT), "--target", "cpu", "--out", str(tmp_path), "--print"])
+    assert rc == 2 and "is not built yet" in capsys.readouterr().err
+
+
+def test_deploy_command_writes_records_and_prints(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))  # the build lock lives there
+    build = load_spec(DEFAULT, "cpu")
+    out = build_dir(build, tmp_path)
+    (out / "model_repo").mkdir(parents=True)
+    (out / "model_repo" / "stage.json").write_text('{"stage": "model_repo", "key": "k"}')
+    (out / "manifest.json").write_text(json.dumps({"build": build.name, "stages": {"model_repo": {}}}))
+    args = ["deploy", str(DEFAULT), "--target", "cpu", "--out", str(tmp_path)]
+
+    assert main(args + ["--print"]) == 0
+    printed = capsys.readouterr().out
+    assert "# ---- deploy/docker-compose.yaml" in printed and "kind: Deployment" in printed
+    assert not (out / "deploy").exists()  # --print writes nothing
+
+    assert main(args) == 0
+    assert "written" in capsys.readouterr().out
+    assert (out / "deploy" / "docker-compose.yaml").is_file() and (out / "deploy" / "k8s" / "service.yaml").is_file()
+    stage = json.loads((out / "manifest.json").read_text())["stages"]["deploy"]
+    assert stage["info"]["files"] == ["docker-compose.yaml", "k8s/deployment.yaml", "k8s/service.yaml"]
+    assert main(args) == 0 and "up to date" in capsys.readouterr().out
+    assert not list(out.glob(".deploy.*"))  # written under a temporary name, renamed when complete

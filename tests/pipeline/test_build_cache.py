@@ -28,7 +28,8 @@ def test_cache_hit_and_partial_rebuilds(tmp_path, tiny_llama, trtllm_double, mon
     spec = write_spec(tmp_path / "b.yaml", tiny_llama)
     out = tmp_path / "build"
     m1 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
-    assert _stages(m1) == {"checkpoint": False, "verify": False, "engine": False, "model_repo": False}
+    assert _stages(m1) == {"checkpoint": False, "verify": False, "engine": False, "model_repo": False,
+                           "deploy": False}
     eng = out / "tiny" / "h100" / "engine"
     assert (eng / "rank0.engine").is_file() and (eng / "trtllm-build.log").is_file()
     info = m1["stages"]["engine"]["info"]
@@ -41,15 +42,25 @@ def test_cache_hit_and_partial_rebuilds(tmp_path, tiny_llama, trtllm_double, mon
     assert time.perf_counter() - t0 < 1.0
     assert all(_stages(m2).values())
 
-    # a serving field: only the repository reruns
+    # a serving field: only the repository reruns (the deployment files do not hold it)
     write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5}\n")
     m3 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
-    assert _stages(m3) == {"checkpoint": True, "verify": True, "engine": True, "model_repo": False}
+    assert _stages(m3) == {"checkpoint": True, "verify": True, "engine": True, "model_repo": False,
+                           "deploy": True}
     # a limit: engine and repository rerun, the checkpoint does not
     write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5}\n"
                                        "    limits: {max_batch_size: 2}\n")
     m4 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
-    assert _stages(m4) == {"checkpoint": True, "verify": True, "engine": False, "model_repo": False}
+    assert _stages(m4) == {"checkpoint": True, "verify": True, "engine": False, "model_repo": False,
+                           "deploy": True}
+    # a port: only the deployment files (and the repository, which records serving) rerun
+    write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5, http_port: 8100}\n"
+                                       "    limits: {max_batch_size: 2}\n")
+    m4b = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    assert _stages(m4b) == {"checkpoint": True, "verify": True, "engine": True, "model_repo": False,
+                            "deploy": False}
+    compose = (out / "tiny" / "h100" / "deploy" / "docker-compose.yaml").read_text()
+    assert "127.0.0.1:8100:8100" in compose and str((out / "tiny" / "h100").resolve()) in compose
     # log level / progress / worker count are not inputs
     m5 = run_build(load_spec(spec, "h100"), out_root=out, progress=True)
     assert all(_stages(m5).values())
@@ -81,7 +92,8 @@ def test_interrupted_engine_stage_leaves_nothing_readable(tmp_path, tiny_llama, 
     assert "left by an interrupted build" in res.stderr
     assert not list(leaf.glob(".*.tmp-*"))
     m = json.loads((leaf / "manifest.json").read_text())
-    assert _stages(m) == {"checkpoint": True, "verify": True, "engine": False, "model_repo": False}
+    assert _stages(m) == {"checkpoint": True, "verify": True, "engine": False, "model_repo": False,
+                          "deploy": False}
 
 
 def test_bundle_when_tensorrt_llm_absent(tmp_path, tiny_llama, monkeypatch, capsys):
@@ -90,7 +102,7 @@ def test_bundle_when_tensorrt_llm_absent(tmp_path, tiny_llama, monkeypatch, caps
     spec = write_spec(tmp_path / "b.yaml", tiny_llama)
     out = tmp_path / "build"
     m = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
-    assert list(_stages(m)) == ["checkpoint", "verify", "bundle"]
+    assert list(_stages(m)) == ["checkpoint", "verify", "bundle", "deploy"]
     text = capsys.readouterr().out
     assert "TensorRT-LLM 1.2.1 is not importable here" in text and "build_and_serve.sh" in text
     bundle = out / "tiny" / "h100" / "bundle"
@@ -100,6 +112,8 @@ def test_bundle_when_tensorrt_llm_absent(tmp_path, tiny_llama, monkeypatch, caps
     assert "EXPECTED_TRTLLM=1.2.1" in body and "--use_paged_context_fmha enable" in body
     assert (bundle / "checkpoint" / "rank0.safetensors").is_file()
     assert 'backend: "tensorrtllm"' in (bundle / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    compose = (out / "tiny" / "h100" / "deploy" / "docker-compose.yaml").read_text()
+    assert f"bash {bundle.resolve()}/build_and_serve.sh" in compose  # the GPU host runs the bundle's script
     plan = json.loads((bundle / "plan.json").read_text())
     assert plan["tensorrt_llm_version"] == "1.2.1" and plan["world_size"] == 1
     # the script refuses another TensorRT-LLM (none is installed here)

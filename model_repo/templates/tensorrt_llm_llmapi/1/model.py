@@ -5,11 +5,16 @@
 # and schedules `LLM.generate_async(token_ids, SamplingParams, streaming=True)` on an asyncio
 # loop in a background thread; each streamed `RequestOutput` is sent to the request's response
 # sender (decoupled). Same tensors as the C++ backend: input_ids/input_lengths/
-# request_output_len in, output_ids/sequence_length out (generated tokens only).
+# request_output_len in, output_ids/sequence_length out (generated tokens only, unless the request
+# sends exclude_input_in_output false). The per-request decoding inputs the config declares
+# (temperature, top_k/top_p, seed, penalties, min_tokens, log probs, num_return_sequences/beam_width,
+# stop/bad words) are mapped onto SamplingParams by request_params.py beside this file; each response
+# names its sequence (sequence_index), and an option the runtime cannot honour fails that request only.
 
 # @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
 
 import asyncio
+import importlib.util
 import json
 import threading
 import time
@@ -17,16 +22,35 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+_spec = importlib.util.spec_from_file_location("trtpipe_llmapi_request_params", _os.path.join(
+    _os.path.dirname(_os.path.abspath(__file__)), "request_params.py"))
+request_params = _sys.modules["trtpipe_llmapi_request_params"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(request_params)
+
 # @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
 PERF = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
 
 
-def _response(tokens, perf=None):
-    out = [pb_utils.Tensor("output_ids", np.asarray([tokens], dtype=np.int32).reshape(1, -1)),
-           pb_utils.Tensor("sequence_length", np.asarray([len(tokens)], dtype=np.int32))]
+def _response(tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None):
+    out = [pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
+           pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
+           pb_utils.Tensor("sequence_index", np.asarray([[seq_index]], dtype=np.int32))]
+    if log_probs is not None:
+        out += [pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)),
+                pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob]], dtype=np.float32))]
     for name, value in (perf or {}).items():
-        out.append(pb_utils.Tensor(name, np.asarray([value], dtype=np.int64)))
+        out.append(pb_utils.Tensor(name, np.asarray([[value]], dtype=np.int64)))
     return pb_utils.InferenceResponse(output_tensors=out)
+
+
+def _words(request, name):
+    """stop_words_list / bad_words_list ([2, -1] or [1, 2, -1]) as token-id lists."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None or t.as_numpy().size == 0:
+        return []
+    arr = t.as_numpy()
+    arr = arr[0] if arr.ndim == 3 else arr.reshape(2, -1)
+    return request_params.parse_words(arr[0].tolist(), arr[1].tolist())
 
 
 class TritonPythonModel:
@@ -43,6 +67,9 @@ class TritonPythonModel:
         self.SamplingParams = SamplingParams
         self.max_input_len = int(_param(cfg, "max_input_len"))
         self.max_seq_len = int(_param(cfg, "max_seq_len"))
+        self.max_beam_width = int(_param(cfg, "max_beam_width", "1"))
+        self.max_batch_size = int(_param(cfg, "max_batch_size", "1"))
+        self.exclude_input_default = _param(cfg, "exclude_input_in_output", "true") == "true"
         kv = KvCacheConfig(free_gpu_memory_fraction=float(_param(cfg, "kv_cache_free_gpu_mem_fraction", "0.9")),
                            max_tokens=int(_param(cfg, "max_tokens_in_paged_kv_cache")),
                            enable_block_reuse=_param(cfg, "enable_kv_cache_reuse", "false") == "true")
@@ -63,34 +90,74 @@ class TritonPythonModel:
                 if len(ids) > self.max_input_len or len(ids) + max_new > self.max_seq_len:
                     raise ValueError(f"prompt {len(ids)} + request_output_len {max_new} exceeds max_input_len "
                                      f"{self.max_input_len} / max_seq_len {self.max_seq_len}")
-                end_id = _opt_scalar(request, "end_id")
-                params = self.SamplingParams(max_tokens=max_new, end_id=end_id,
-                                             pad_id=_opt_scalar(request, "pad_id", end_id))
+                opts = request_params.request_options(
+                    lambda name: _opt_scalar(request, name, None), max_new_tokens=max_new,
+                    max_beam_width=self.max_beam_width, max_batch_size=self.max_batch_size,
+                    stop_words=_words(request, "stop_words_list"), bad_words=_words(request, "bad_words_list"),
+                    decode=self._decode, exclude_input_default=self.exclude_input_default)
                 streaming = bool(_opt_scalar(request, "streaming", False))
+                if streaming and opts.beam_search:
+                    raise request_params.RequestOptionError(
+                        "beam_width > 1 with streaming: beams are reordered until the end, so this runtime "
+                        "returns them only when finished; send stream false")
+                params = self.SamplingParams(**opts.sampling)
                 perf = bool(_opt_scalar(request, "return_perf_metrics", False))
             except Exception as exc:  # a bad request fails alone
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
                 continue
-            asyncio.run_coroutine_threadsafe(self._generate(ids, params, streaming, perf, sender), self.loop)
+            asyncio.run_coroutine_threadsafe(self._generate(ids, params, opts, streaming, perf, sender), self.loop)
         return None
 
-    async def _generate(self, ids, params, streaming, perf, sender):
+    def _decode(self, token_ids):
+        tok = getattr(self.llm, "tokenizer", None)
+        if tok is None:
+            raise request_params.RequestOptionError("multi-token stop/bad words need the model's tokenizer, which "
+                                                    "the LLM did not load: send one-token words")
+        return tok.decode(token_ids)
+
+    async def _generate(self, ids, params, opts, streaming, perf, sender):
         times = {"arrival_time_ns": time.time_ns(), "first_scheduled_time_ns": 0, "first_token_time_ns": 0,
                  "last_token_time_ns": 0}
+        n = opts.num_sequences
+        tokens, lps, sent = [[] for _ in range(n)], [[] for _ in range(n)], [0] * n
+        cum = [0.0] * n
+
+        def send(i, final, flags=0):
+            chunk = tokens[i][sent[i]:]
+            if not opts.exclude_input and sent[i] == 0:  # the prompt leads the sequence's first response
+                chunk = list(ids) + chunk
+            chunk_lps = lps[i][sent[i]:] if opts.return_log_probs else None
+            if chunk_lps is not None and not opts.exclude_input and sent[i] == 0:
+                chunk_lps = [0.0] * len(ids) + chunk_lps
+            sender.send(_response(chunk, i, chunk_lps, cum[i], times if perf and final else None), flags=flags)
+            sent[i] = len(tokens[i])
+
         try:
-            tokens, sent = [], 0
-            async for out in self.llm.generate_async(ids, sampling_params=params, streaming=True):
-                new = list(out.outputs[0].token_ids_diff)
+            # Streamed from the LLM even when the client does not stream (first-token times for perf
+            # metrics); beam search is not, its beams are final only at the end.
+            async for out in self.llm.generate_async(ids, sampling_params=params, streaming=not opts.beam_search):
                 now = time.time_ns()
-                if new and not times["first_token_time_ns"]:
-                    times["first_token_time_ns"] = times["first_scheduled_time_ns"] = now
-                times["last_token_time_ns"] = now
-                tokens += new
-                if streaming and new and not out.finished:
-                    sender.send(_response(new))
-                    sent = len(tokens)
-            # the last response carries what was not sent yet (everything when not streaming)
-            sender.send(_response(tokens[sent:], times if perf else None), flags=FINAL)
+                for i, seq in enumerate(out.outputs[:n]):
+                    index = getattr(seq, "index", i)
+                    i = index if 0 <= index < n else i
+                    if opts.beam_search:  # beams change until the end: keep the latest full sequence
+                        tokens[i] = list(seq.token_ids)
+                        new = tokens[i]
+                    else:
+                        new = list(seq.token_ids_diff)
+                        tokens[i] += new
+                    if opts.return_log_probs:
+                        lps[i] = request_params.sampled_log_probs(seq.logprobs, tokens[i])
+                        cum[i] = float(getattr(seq, "cumulative_logprob", None) or sum(lps[i]))
+                    if new and not times["first_token_time_ns"]:
+                        times["first_token_time_ns"] = times["first_scheduled_time_ns"] = now
+                    times["last_token_time_ns"] = now
+                    if streaming and new and not out.finished:
+                        send(i, final=False)
+            # each sequence's last response carries what was not sent yet (everything when not
+            # streaming); the request's very last one is FINAL
+            for i in range(n):
+                send(i, final=True, flags=FINAL if i == n - 1 else 0)
         except Exception as exc:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"generation failed: {exc}")),
                         flags=FINAL)

@@ -1,0 +1,301 @@
+"""The trtllm-llmapi runtime's per-request options -> TensorRT-LLM 1.2.1 LLM API SamplingParams kwargs.
+
+TensorRT-LLM is not installable here: the mapping is a pure function (request_params.py beside the
+model), tested directly. The names it emits are SamplingParams fields of tensorrt_llm/sampling_params.py
+(FIELDS below); the rendered model.py is compiled to catch template/splice errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sys
+
+import pytest
+
+from model_repo.generate import TEMPLATES, plan_repository, render_model_py, write_repository
+from pipeline.spec import load_spec
+from pipeline.targets import get_target
+from tests.conftest import _smollm2_tokenizer_dir, write_spec
+
+_path = TEMPLATES / "tensorrt_llm_llmapi" / "1" / "request_params.py"
+_spec = importlib.util.spec_from_file_location("llmapi_request_params", _path)
+rp = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # as model.py loads it
+_spec.loader.exec_module(rp)
+
+# SamplingParams fields (TensorRT-LLM 1.2.1, tensorrt_llm/sampling_params.py) this runtime may set.
+FIELDS = {"end_id", "pad_id", "max_tokens", "stop", "stop_token_ids", "bad", "bad_token_ids", "n", "best_of",
+          "use_beam_search", "top_k", "top_p", "seed", "temperature", "min_tokens", "repetition_penalty",
+          "presence_penalty", "frequency_penalty", "logprobs"}
+
+
+def opts(max_new_tokens=16, **inputs):
+    kw = {k: inputs.pop(k) for k in ("max_beam_width", "max_batch_size", "stop_words", "bad_words", "decode",
+                                     "exclude_input_default") if k in inputs}
+    kw.setdefault("max_batch_size", 8)
+    return rp.request_options(inputs.get, max_new_tokens=max_new_tokens, **kw)
+
+
+def test_nothing_sent_is_greedy_with_the_backend_defaults():
+    o = opts()
+    assert o.sampling == {"max_tokens": 16, "top_k": 1}
+    assert (o.num_sequences, o.beam_search, o.exclude_input, o.return_log_probs) == (1, False, True, False)
+
+
+def test_sampling_inputs_map_onto_sampling_params():
+    o = opts(temperature=0.7, runtime_top_k=40, runtime_top_p=0.9, random_seed=2**63 + 5, repetition_penalty=1.1,
+             presence_penalty=0.5, frequency_penalty=-0.25, min_tokens=4, return_log_probs=True, end_id=2, pad_id=0)
+    assert o.sampling == {"max_tokens": 16, "end_id": 2, "pad_id": 0, "temperature": 0.7, "top_k": 40, "top_p": 0.9,
+                          "seed": 2**63 + 5, "repetition_penalty": 1.1, "presence_penalty": 0.5,
+                          "frequency_penalty": -0.25, "min_tokens": 4, "logprobs": 1}
+    assert o.return_log_probs and set(o.sampling) <= FIELDS
+
+
+def test_temperature_alone_samples_the_whole_distribution():
+    # top_k and top_p both unset is greedy in the LLM API: top_p 1.0 keeps it sampling
+    assert opts(temperature=0.8).sampling == {"max_tokens": 16, "temperature": 0.8, "top_p": 1.0}
+    assert opts(runtime_top_k=0, runtime_top_p=0.0, temperature=1.0).sampling["top_p"] == 1.0
+
+
+@pytest.mark.parametrize("inputs", [dict(temperature=0.0, runtime_top_k=50), dict(runtime_top_k=1, temperature=1.0),
+                                    dict(runtime_top_p=1.0), dict(runtime_top_k=0)])
+def test_greedy_requests(inputs):
+    s = opts(**inputs).sampling
+    assert s["top_k"] == 1 and "temperature" not in s and "top_p" not in s
+
+
+def test_end_id_is_also_the_pad_id_unless_sent():
+    assert opts(end_id=7).sampling["pad_id"] == 7
+
+
+def test_num_return_sequences_and_beam_search():
+    o = opts(num_return_sequences=3, temperature=1.0)
+    assert o.sampling["n"] == 3 and o.num_sequences == 3 and not o.beam_search
+    o = opts(beam_width=4, max_beam_width=4)
+    assert o.beam_search and o.num_sequences == 4
+    assert {k: o.sampling[k] for k in ("use_beam_search", "best_of", "n")} == {"use_beam_search": True, "best_of": 4,
+                                                                               "n": 4}
+    assert "top_k" not in o.sampling
+    assert opts(beam_width=4, max_beam_width=4, num_return_sequences=2).sampling["n"] == 2
+
+
+def test_stop_and_bad_words():
+    assert rp.parse_words([5, 6, 7, 9, 0], [2, 3, 4, -1, -1]) == [[5, 6], [7], [9]]
+    decode = {(5, 6): "five six"}.get
+    o = opts(stop_words=[[5, 6], [7]], bad_words=[[9]], decode=lambda ids: decode(tuple(ids)))
+    assert o.sampling["stop"] == ["five six"] and o.sampling["stop_token_ids"] == [7]
+    assert o.sampling["bad_token_ids"] == [9] and "bad" not in o.sampling
+
+
+def test_exclude_input_in_output():
+    assert opts(exclude_input_in_output=False).exclude_input is False
+    assert opts(exclude_input_default=False).exclude_input is False
+    assert "exclude_input_from_output" not in opts(exclude_input_in_output=False).sampling  # the model prepends
+
+
+@pytest.mark.parametrize("inputs, message", [
+    (dict(temperature=-1.0), "temperature = -1.0: must be >= 0"),
+    (dict(temperature=float("nan")), "temperature = nan: must be a finite number"),
+    (dict(runtime_top_k=-3), "top_k = -3: must be >= 0"),
+    (dict(runtime_top_p=1.5), "top_p = 1.5: must be in [0, 1]"),
+    (dict(repetition_penalty=0.0), "repetition_penalty = 0.0: must be > 0"),
+    (dict(presence_penalty=float("inf")), "presence_penalty = inf: must be a finite number"),
+    (dict(min_tokens=20), "min_tokens = 20 exceeds max_tokens = 16"),
+    (dict(min_tokens=-1), "min_tokens = -1: must be >= 0"),
+    (dict(beam_width=2), "beam_width = 2: must be between 1 and the engine's max_beam_width 1"),
+    (dict(beam_width=2, max_beam_width=2, num_return_sequences=3), "num_return_sequences = 3 with beam_width = 2"),
+    (dict(num_return_sequences=9, temperature=1.0), "num_return_sequences = 9: must be between 1 and max_batch_size 8"),
+    (dict(num_return_sequences=2), "num_return_sequences = 2 with greedy decoding gives 2 identical answers"),
+    (dict(stop_words=[[5, 6]]), "stop_words with several tokens need the model's tokenizer"),
+])
+def test_unsupported_values_are_clear_per_request_errors(inputs, message):
+    with pytest.raises(rp.RequestOptionError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        opts(**inputs)
+    assert issubclass(rp.RequestOptionError, ValueError)
+
+
+def test_request_output_len_must_be_positive():
+    with pytest.raises(rp.RequestOptionError, match="must be at least 1"):
+        opts(max_new_tokens=0)
+
+
+class _Logprob:
+    def __init__(self, logprob):
+        self.logprob = logprob
+
+
+def test_sampled_log_probs_from_either_logprobs_layout():
+    assert rp.sampled_log_probs([-0.5, -1.0], [3, 4]) == [-0.5, -1.0]
+    entries = [{3: _Logprob(-0.25), 8: _Logprob(-2.0)}, {4: -0.75}]
+    assert rp.sampled_log_probs(entries, [3, 4, 5]) == [-0.25, -0.75, 0.0]
+
+
+def test_llmapi_repository_carries_the_mapping_and_its_model_compiles(tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(_smollm2_tokenizer_dir() / name, tok / name)
+    (tok / "generation_config.json").write_text('{"eos_token_id": 2}')
+    build = load_spec(write_spec(tmp_path / "b.yaml", tok, runtime="trtllm-llmapi"), "h100")
+    limits = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
+              "max_beam_width": 1, "tokens_per_block": 32}
+    plan = plan_repository(build, get_target("h100"), tmp_path / "engine", tokenizer_dir=tok, build_config=limits)
+    write_repository(plan, tmp_path / "repo")
+    assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "request_params.py").read_text() == _path.read_text()
+    compile(render_model_py("tensorrt_llm_llmapi"), "model.py", "exec")
+    config = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    for name in ("temperature", "runtime_top_k", "runtime_top_p", "random_seed", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty", "min_tokens", "return_log_probs", "num_return_sequences",
+                 "beam_width", "exclude_input_in_output", "stop_words_list", "bad_words_list"):
+        assert f'name: "{name}"' in config, name  # every input the mapping reads is declared
+
+
+# ---- the served model's request path, with Triton's and TensorRT-LLM's objects faked -------------
+
+class _Tensor:
+    def __init__(self, name, array):
+        self.name, self.array = name, array
+
+    def as_numpy(self):
+        return self.array
+
+
+class _Response:
+    def __init__(self, output_tensors=None, error=None):
+        self.tensors = {t.name: t.array for t in output_tensors or []}
+        self.error = error
+
+
+class _Error:
+    def __init__(self, message):
+        self.text = message
+
+
+class _Sender:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, response, flags=0):
+        self.sent.append((response, flags))
+
+
+class _Request:
+    def __init__(self, **inputs):
+        import numpy as np
+
+        self.inputs = {k: _Tensor(k, np.asarray(v)) for k, v in inputs.items()}
+        self.sender = _Sender()
+
+    def get_response_sender(self):
+        return self.sender
+
+
+class _Seq:  # the parts of tensorrt_llm's CompletionOutput the model reads
+    def __init__(self, index):
+        self.index, self.token_ids, self.logprobs, self.cumulative_logprob, self._seen = index, [], [], 0.0, 0
+
+    @property
+    def token_ids_diff(self):
+        return self.token_ids[self._seen:]
+
+
+class _Out:
+    def __init__(self, outputs, finished):
+        self.outputs, self.finished = outputs, finished
+
+
+class _FakeLLM:
+    """generate_async streams 3 tokens per sequence (100 + 10 * index + step) with log prob -step/10."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate_async(self, ids, sampling_params, streaming):
+        self.calls.append((list(ids), sampling_params, streaming))
+        n = sampling_params.get("n", 1)
+
+        async def gen():
+            seqs = [_Seq(i) for i in range(n)]
+            for step in range(3):
+                for s in seqs:
+                    s._seen = len(s.token_ids)
+                    s.token_ids.append(100 + 10 * s.index + step)
+                    s.logprobs.append({s.token_ids[-1]: _Logprob(-step / 10)})
+                    s.cumulative_logprob += -step / 10
+                yield _Out(seqs, finished=step == 2)
+        return gen()
+
+
+@pytest.fixture
+def llmapi_model(tmp_path, monkeypatch):
+    """The rendered model.py, loaded with a fake triton_python_backend_utils; a fake LLM on a real loop."""
+    import asyncio
+    import threading
+    import types
+
+    fake = types.ModuleType("triton_python_backend_utils")
+    fake.Tensor, fake.InferenceResponse, fake.TritonError = _Tensor, _Response, _Error
+    fake.TritonModelException = RuntimeError
+    fake.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    fake.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
+    folder = tmp_path / "tensorrt_llm" / "1"
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(render_model_py("tensorrt_llm_llmapi"))
+    shutil.copy2(_path, folder / "request_params.py")
+    spec = importlib.util.spec_from_file_location("llmapi_model_under_test", folder / "model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = mod.TritonPythonModel()
+    model.SamplingParams = dict  # records the keyword arguments it is built with
+    model.max_input_len, model.max_seq_len, model.max_beam_width, model.max_batch_size = 64, 128, 1, 4
+    model.exclude_input_default = True
+    model.llm = _FakeLLM()
+    model.loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=model.loop.run_forever, daemon=True)
+    thread.start()
+    yield model
+    model.loop.call_soon_threadsafe(model.loop.stop)
+    thread.join(5)
+
+
+def _run(model, request, final_count=1):
+    import time
+
+    model.execute([request])
+    deadline = time.time() + 10
+    while time.time() < deadline and sum(f for _, f in request.sender.sent) < final_count:
+        time.sleep(0.01)
+    return request.sender.sent
+
+
+def test_model_sends_a_clear_error_to_the_bad_request_only(llmapi_model):
+    bad = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8], runtime_top_p=[1.5])
+    sent = _run(llmapi_model, bad)
+    assert len(sent) == 1 and sent[0][1] == 1 and "top_p = 1.5: must be in [0, 1]" in sent[0][0].error.text
+    assert not llmapi_model.llm.calls
+    beam = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8], beam_width=[2])
+    assert "max_beam_width 1" in _run(llmapi_model, beam)[0][0].error.text
+
+
+def test_model_streams_every_sequence_with_its_index_and_log_probs(llmapi_model):
+    req = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8], streaming=[True],
+                   temperature=[0.9], num_return_sequences=[2], return_log_probs=[True],
+                   exclude_input_in_output=[False])
+    sent = _run(llmapi_model, req)
+    ids, params, streaming = llmapi_model.llm.calls[0]
+    assert ids == [1, 2, 3] and streaming and params == {"max_tokens": 8, "temperature": 0.9, "top_p": 1.0, "n": 2,
+                                                         "logprobs": 1}
+    assert [f for _, f in sent][-1] == 1 and sum(f for _, f in sent) == 1  # one FINAL, the last response
+    per_seq = {}
+    for response, _ in sent:
+        t = response.tensors
+        seq = int(t["sequence_index"].reshape(-1)[0])
+        per_seq.setdefault(seq, []).append(t)
+    for seq, responses in per_seq.items():
+        tokens = [int(x) for t in responses for x in t["output_ids"].reshape(-1)]
+        assert tokens == [1, 2, 3, 100 + 10 * seq, 101 + 10 * seq, 102 + 10 * seq]  # the prompt leads
+        lps = [round(float(x), 3) for t in responses for x in t["output_log_probs"].reshape(-1)]
+        assert lps == [0.0, 0.0, 0.0, 0.0, -0.1, -0.2]
+        assert round(float(responses[-1]["cum_log_probs"].reshape(-1)[0]), 3) == -0.3
+    assert sorted(per_seq) == [0, 1]
