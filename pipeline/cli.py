@@ -164,10 +164,17 @@ def _server_config(args, build):
 def cmd_serve(args) -> int:
     from pipeline.serve import TritonServer, write_state
 
+    from pipeline.serve import running_from_state
+
     build = _resolve(args)
     cfg = _server_config(args, build)
-    server = TritonServer(cfg).start(detach=args.detach)
     state = _build_path(args, build) / "server.json"
+    running = running_from_state(state)
+    if running:  # rerunning `make build-engine && make serve && make query` must not fail on busy ports
+        print(f"already serving (pid {running['pid']}, gRPC {running.get('grpc')}, log {running.get('log')}): "
+              "`make stop` (or `trtpipe stop`) first to restart it")
+        return 0
+    server = TritonServer(cfg).start(detach=args.detach)
     write_state(state, server)
     print(f"tritonserver ready on {cfg.address}: HTTP {cfg.http_port}, gRPC {cfg.grpc_port}, "
           f"metrics {cfg.metrics_port} (pid {server.proc.pid}, log {server.log_path})")
@@ -193,7 +200,15 @@ def cmd_stop(args) -> int:
 
     build = _resolve(args)
     state = _build_path(args, build) / "server.json"
-    print("stopped" if stop_from_state(state) else f"no running server recorded in {state}")
+    result = stop_from_state(state)
+    if result is None:
+        print(f"no running server recorded in {state}")
+    elif result["forced"]:
+        print(f"stopped, forcibly: tritonserver did not finish its in-flight requests within its exit timeout "
+              f"(e.g. a cancelled ensemble request still generating); {result['stubs_killed']} leftover "
+              "Python-backend stub(s) killed")
+    else:
+        print("stopped")
     return 0
 
 

@@ -286,27 +286,14 @@ class TritonServer:
             msg += ["suggested fixes:"] + [f"  - {h}" for h in hints]
         raise ServerError("\n".join(msg))
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM, wait up to ``timeout`` s, then SIGKILL; then end any Python-backend stub the
-        server left behind (a server killed mid-unload orphans its stubs, each holding a model)."""
+    def stop(self, timeout: float = 40.0) -> dict:
+        """Stop the server and every Python-backend stub it started (see :func:`terminate_server`)."""
         if self.proc is None or self.proc.poll() is not None:
-            return
-        import psutil
-
-        try:
-            stubs = psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.Error:
-            stubs = []
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        _, alive = psutil.wait_procs(stubs, timeout=5)
-        for p in alive:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
+            return {"forced": False, "stubs_killed": 0}
+        result = terminate_server(self.proc.pid, timeout)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)  # reap
+        return result
 
     def __enter__(self) -> "TritonServer":
         return self.start() if self.proc is None else self
@@ -322,25 +309,70 @@ def write_state(path: Path, server: TritonServer) -> None:
                                 "log": str(server.log_path)}, indent=2) + "\n")
 
 
-def stop_from_state(path: Path, timeout: float = 30.0) -> bool:
-    """Stop a detached server recorded in ``path``; True if one was running."""
-    if not path.is_file():
-        return False
-    pid = json.loads(path.read_text())["pid"]
+def terminate_server(pid: int, timeout: float = 40.0) -> dict:
+    """SIGTERM a tritonserver, wait up to ``timeout`` s (it waits up to its own exit timeout, 30 s,
+    for in-flight requests), then SIGKILL it; then SIGKILL every Python-backend stub it had started
+    that is still alive. Stubs outlive a server that gave up unloading a busy model (e.g. an ensemble
+    request still generating) and ignore SIGTERM; each holds a model and its memory.
+
+    Returns {"forced": the server had to be killed or left stubs behind, "stubs_killed": count}.
+    """
+    import psutil
+
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        path.unlink()
-        return False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.2)
-    else:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        server = psutil.Process(pid)
+        stubs = server.children(recursive=True)
+    except psutil.Error:
+        return {"forced": False, "stubs_killed": 0}
+    forced = False
+    with contextlib.suppress(psutil.Error):
+        server.terminate()
+    try:
+        server.wait(timeout)
+    except psutil.TimeoutExpired:
+        forced = True
+        with contextlib.suppress(psutil.Error):
+            server.kill()
+            server.wait(10)
+    except psutil.Error:
+        pass
+    _, alive = psutil.wait_procs(stubs, timeout=5)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    if alive:
+        forced = True
+        psutil.wait_procs(alive, timeout=5)
+    return {"forced": forced, "stubs_killed": len(alive)}
+
+
+def stop_from_state(path: Path, timeout: float = 40.0) -> dict | None:
+    """Stop a detached server recorded in ``path`` and its stubs; None if none was running, else
+    :func:`terminate_server`'s result."""
+    if not path.is_file():
+        return None
+    pid = json.loads(path.read_text())["pid"]
+    result = terminate_server(pid, timeout) if _alive(pid) else None
     path.unlink(missing_ok=True)
+    return result
+
+
+def running_from_state(path: Path) -> dict | None:
+    """The recorded detached server if its process is still alive, else None."""
+    if not path.is_file():
+        return None
+    with contextlib.suppress(ValueError, KeyError, OSError):
+        state = json.loads(path.read_text())
+        if _alive(int(state["pid"])):
+            return state
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     return True

@@ -103,6 +103,8 @@ class TritonPythonModel:
                 self._stop(inner_id, stream)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
                     "request cancelled")), flags=FINAL)
+                for _ in stream:  # read the inner stream to its final response (the stopped request's error):
+                    pass          # a BLS model with an unread stream never unloads, so the server cannot stop
                 return
             if resp.has_error():
                 raise RuntimeError(resp.error().message())
