@@ -27,6 +27,19 @@ from pipeline.errors import Problem, StageError
 from pipeline.fsutil import atomic_dir
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def load_template_module(relpath: str, name: str):
+    """Import a helper module that ships inside a template folder (``relpath`` under TEMPLATES, e.g.
+    ``tensorrt_llm_pytorch/1/sampling.py``) under ``name``, the way the template's model.py loads it
+    beside itself (a Triton model folder is not a package). For tests and in-process benchmarks."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, TEMPLATES / relpath)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 BOOTSTRAP_MARKER = "# @@BOOTSTRAP@@"
 RUNTIME_CONFIG_MARKER = "# @@RUNTIME_CONFIG@@"
 REQUEST_HELPERS_MARKER = "# @@REQUEST_HELPERS@@"

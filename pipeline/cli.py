@@ -162,9 +162,7 @@ def _server_config(args, build):
 
 
 def cmd_serve(args) -> int:
-    from pipeline.serve import TritonServer, write_state
-
-    from pipeline.serve import running_from_state
+    from pipeline.serve import TritonServer, running_from_state, write_state
 
     build = _resolve(args)
     cfg = _server_config(args, build)

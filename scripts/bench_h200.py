@@ -214,15 +214,9 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
 
 
 def _load_sampling():
-    import importlib.util
+    from model_repo.generate import load_template_module
 
-    from model_repo.generate import TEMPLATES
-
-    spec = importlib.util.spec_from_file_location("trtpipe_sampling",
-                                                  TEMPLATES / "tensorrt_llm_pytorch" / "1" / "sampling.py")
-    mod = sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_template_module("tensorrt_llm_pytorch/1/sampling.py", "trtpipe_sampling")
 
 
 def _closed_loop(manager, prompts, osl, conc, never, table, sampling, warmup=False):

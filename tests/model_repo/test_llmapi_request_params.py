@@ -12,15 +12,13 @@ import sys
 
 import pytest
 
-from model_repo.generate import TEMPLATES, plan_repository, render_model_py, write_repository
+from model_repo.generate import TEMPLATES, load_template_module, plan_repository, render_model_py, write_repository
 from pipeline.spec import load_spec
 from pipeline.targets import get_target
 from tests.conftest import _smollm2_tokenizer_dir, write_spec
 
 _path = TEMPLATES / "tensorrt_llm_llmapi" / "1" / "request_params.py"
-_spec = importlib.util.spec_from_file_location("llmapi_request_params", _path)
-rp = sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)  # as model.py loads it
-_spec.loader.exec_module(rp)
+rp = load_template_module("tensorrt_llm_llmapi/1/request_params.py", "llmapi_request_params")  # as model.py loads it
 
 # SamplingParams fields (TensorRT-LLM 1.2.1, tensorrt_llm/sampling_params.py) this runtime may set.
 FIELDS = {"end_id", "pad_id", "max_tokens", "stop", "stop_token_ids", "bad", "bad_token_ids", "n", "best_of",

@@ -3,16 +3,11 @@ real transformers ContinuousBatchingManager with a tiny random Llama: no server,
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from model_repo.generate import TEMPLATES
+from model_repo.generate import load_template_module
 
-spec = importlib.util.spec_from_file_location("trtpipe_sampling", TEMPLATES / "tensorrt_llm_pytorch/1/sampling.py")
-sampling = sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(sampling)
+sampling = load_template_module("tensorrt_llm_pytorch/1/sampling.py", "trtpipe_sampling")
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 1789, 30]
 END = (2, 0)

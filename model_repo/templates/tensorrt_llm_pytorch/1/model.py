@@ -324,17 +324,21 @@ class TritonPythonModel:
         if not triton_id:
             raise RequestError("stop = true needs the request_id of the request to stop")
         with self.lock:
-            states = [st for st in self.requests.values() if st.triton_id == triton_id and not st.done]
-            for state in states:
-                state.cancelled = True
-                self.manager.cancel_request(state.rid)  # frees the sequence's KV blocks
-                self._retire_locked(state)
-                if not state.group.closed:
-                    state.group.closed = True
-                    self.stats["requests_cancelled"] += 1
-                    state.sender.send(pb_utils.InferenceResponse(
-                        output_tensors=[], error=pb_utils.TritonError("request stopped")), flags=FINAL)
+            for state in [st for st in self.requests.values() if st.triton_id == triton_id and not st.done]:
+                self._cancel_locked(state, "request stopped")
         sender.send(flags=FINAL)
+
+    def _cancel_locked(self, state, message):
+        """End a live sequence early (caller holds self.lock): the library frees its KV blocks, and the
+        client hears ``message`` as the request's final error, once per request (num_return_sequences)."""
+        state.cancelled = True
+        self.manager.cancel_request(state.rid)
+        self._retire_locked(state)
+        if not state.group.closed:
+            state.group.closed = True
+            self.stats["requests_cancelled"] += 1
+            state.sender.send(pb_utils.InferenceResponse(
+                output_tensors=[], error=pb_utils.TritonError(message)), flags=FINAL)
 
     @staticmethod
     def _has_bad_words(request):
@@ -512,16 +516,8 @@ class TritonPythonModel:
                     pass  # the request ended meanwhile
             with self.lock:
                 for state in gone:
-                    if state.done:
-                        continue
-                    state.cancelled = True
-                    self.manager.cancel_request(state.rid)  # frees the sequence's KV blocks
-                    self._retire_locked(state)
-                    if not state.group.closed:
-                        state.group.closed = True
-                        self.stats["requests_cancelled"] += 1
-                        state.sender.send(pb_utils.InferenceResponse(
-                            output_tensors=[], error=pb_utils.TritonError("request cancelled")), flags=FINAL)
+                    if not state.done:
+                        self._cancel_locked(state, "request cancelled")
             self._publish()  # also refreshes the KV free-block gauge
 
     def finalize(self):

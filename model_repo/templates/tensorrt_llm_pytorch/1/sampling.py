@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+from abc import abstractmethod
 from dataclasses import dataclass, field
 
 import torch
@@ -179,8 +180,9 @@ class _HandleProcessor(ContinuousBatchingLogitsProcessor):
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
         int32_tensor.fill_(-1)
 
+    @abstractmethod
     def _wants(self, params: SamplingParams) -> bool:
-        raise NotImplementedError
+        """True for the requests whose rows this processor changes (the others it leaves untouched)."""
 
     def _record(self, entry: Entry, state) -> None:
         """Copy what the processor needs from the library's request state (at prepare time)."""
