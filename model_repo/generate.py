@@ -376,6 +376,10 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     llm.set("async_batching", "false", "the per-request sampling processors (sampling.py) need synchronous batching; "
             "on GPU transformers' async double-buffering was also far slower on the H200 (docs/benchmarks/h200.md)")
     llm.set("library_defaults", "false", "the planner's settings, not transformers' own sizing")
+    if s.runtime == "pytorch":
+        llm.set("response_dispatch", "thread", "a dispatcher thread sends the responses, so each send's round trip "
+                "to the server overlaps the next step ('inline': the generation thread sends them between steps; "
+                "measured against each other in docs/benchmarks/h200.md)")
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")

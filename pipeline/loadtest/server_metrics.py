@@ -17,7 +17,8 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count",
             "nv_inference_exec_count", "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
             "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
-            "nv_inference_compute_output_duration_us", "trtpipe_runtime_total")
+            "nv_inference_compute_output_duration_us", "trtpipe_runtime_total",
+            "trtpipe_runtime_response_seconds_total")
 
 
 def parse(text: str) -> dict[tuple[str, tuple], float]:

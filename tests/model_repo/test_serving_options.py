@@ -40,7 +40,7 @@ def engine_dir(request) -> Path:
     return request.getfixturevalue("built_default") / "engine"
 
 
-def _start_server(engine_dir, tmp):
+def _start_server(engine_dir, tmp, **llm_params):
     from model_repo.generate import default_sys_path, plan_repository, write_repository
     from pipeline.serve import ServerConfig, TritonServer, free_ports
     from pipeline.spec import load_spec
@@ -48,6 +48,9 @@ def _start_server(engine_dir, tmp):
     from tests.conftest import DEFAULT_BUILD
 
     plan = plan_repository(load_spec(DEFAULT_BUILD, "cpu"), get_target("cpu"), engine_dir)
+    llm = next(m for m in plan.models if m.name == "tensorrt_llm")
+    for key, value in llm_params.items():
+        llm.set(key, value, "test")
     write_repository(plan, tmp / "model_repo")
     http, grpc, metrics = free_ports(3)
     cfg = ServerConfig(model_repository=tmp / "model_repo", http_port=http, grpc_port=grpc, metrics_port=metrics,
@@ -169,6 +172,81 @@ def test_perf_metrics_report_kv_blocks(server, engine_dir):
     _, _, chunks = _text(server, _chat(engine_dir, "Name a color."), 8, perf_metrics=True)
     last = [c.perf for c in chunks if c.perf][-1]
     assert last["kv_cache_alloc_new_blocks"] >= 1 and last["kv_cache_reused_blocks"] == 0
+
+
+def _direct_stream(server, engine_dir, text, max_tokens):
+    """Stream one request to tensorrt_llm itself: the token ids of every response, in order."""
+    import tritonclient.grpc as grpcclient
+
+    got: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("tensorrt_llm", _direct_inputs(engine_dir, text, max_tokens),
+                              request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+    responses = []
+    while True:
+        result, error = got.get(timeout=120)
+        assert error is None, error
+        ids = result.as_numpy("output_ids")
+        if ids is not None:
+            responses.append(ids.reshape(-1).tolist())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    client.close()
+    return responses
+
+
+def _counter(server, kind):
+    return _metric(server, "trtpipe_runtime_total", kind, label="kind")
+
+
+def _wait_published(server, kind, at_least, timeout_s=10.0):
+    """Counters are published every cancellation_check_period_ms: wait until ``kind`` reaches ``at_least``."""
+    deadline = time.monotonic() + timeout_s
+    while _counter(server, kind) < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _counter(server, kind)
+
+
+def _settled(server, kinds):
+    """The counters once the earlier tests' last responses are published (two equal reads 0.3 s apart)."""
+    last = None
+    for _ in range(50):
+        now = {k: _counter(server, k) for k in kinds}
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.3)
+    raise AssertionError(f"counters still moving: {now}")
+
+
+def test_response_counters_count_what_the_client_receives(server, engine_dir):
+    before = _settled(server, ("responses", "tokens", "steps"))
+    responses = _direct_stream(server, engine_dir, _chat(engine_dir, "Count to ten."), 12)
+    tokens = sum(len(r) for r in responses)
+    assert tokens == 12 and len(responses) > 1
+    assert _wait_published(server, "responses", before["responses"] + len(responses)) == \
+        before["responses"] + len(responses)
+    assert _counter(server, "tokens") == before["tokens"] + tokens
+    assert before["steps"] < _counter(server, "steps") <= before["steps"] + len(responses)
+    assert _metric(server, "trtpipe_runtime_response_seconds_total", "send", label="stage") > 0
+
+
+def test_inline_dispatch_streams_the_same_tokens_as_the_dispatcher_thread(server, engine_dir, tmp_path):
+    """response_dispatch inline (the generation thread sends between steps): same greedy tokens, one
+    response per step; its own server."""
+    text = _chat(engine_dir, "What is the capital of France?")
+    threaded = _direct_stream(server, engine_dir, text, 16)
+    inline = _start_server(engine_dir, tmp_path, response_dispatch="inline")
+    try:
+        got = _direct_stream(inline, engine_dir, text, 16)
+        assert [t for r in got for t in r] == [t for r in threaded for t in r]
+        assert all(len(r) == 1 for r in got), "inline dispatch sends each step's token in its own response"
+        assert _wait_published(inline, "responses", len(got)) == len(got) == _counter(inline, "steps")
+    finally:
+        result = inline.stop()
+    assert not result["forced"], result
 
 
 # Not the ensemble: Triton (core PR #263; measured with 2.51) checks an ensemble's cancellation only

@@ -2,8 +2,9 @@
 #
 # In-flight batching with a paged KV cache, from transformers' continuous batching
 # (`ContinuousBatchingManager`): one manager thread runs the generation loop; `execute`
-# only validates and enqueues requests; a dispatcher thread routes each generated token
-# to its request's response sender (decoupled streaming). Same tensors as the TensorRT-LLM
+# only validates and enqueues requests; each step's outputs are routed to their requests'
+# response senders (decoupled streaming) by a dispatcher thread or, with response_dispatch
+# "inline", by the generation thread itself (see _plan_response_dispatch in model_repo/generate.py). Same tensors as the TensorRT-LLM
 # C++ backend: input_ids/input_lengths/request_output_len in, output_ids/sequence_length out.
 # In streaming mode each response carries the tokens generated since the previous one.
 # Decoding options (temperature, top_k, top_p, seed, penalties, min_tokens, log probs) are per
@@ -13,7 +14,7 @@
 # @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
 # @@RUNTIME_CONFIG@@ (replaced at package time by model_repo/runtime_config.py: the CB settings)
 
-import queue
+import collections
 import threading
 import time
 import uuid
@@ -123,17 +124,38 @@ class TritonPythonModel:
         self.table = sampling.RequestTable()
         sampling.install(self.manager, self.table)
         self.exclude_input_default = _param(cfg, "exclude_input_in_output", "true") == "true"
-        self.manager.start()
 
         self.requests = {}
         self.lock = threading.Lock()
         self.stats = {"requests_total": 0, "requests_failed": 0, "requests_cancelled": 0, "inflight": 0,
-                      "generating": 0, "max_concurrent_generating": 0, "tokens_total": 0}
-        self._published = {"requests": 0, "failed": 0, "cancelled": 0, "tokens": 0}
+                      "generating": 0, "max_concurrent_generating": 0, "tokens_total": 0, "responses_total": 0,
+                      "steps_total": 0}
+        # seconds spent building responses and in sender.send (the round trip to the server), per thread
+        # that sends (dispatcher or generation thread): published as trtpipe_runtime_response_seconds_total
+        self.response_seconds = {"build": 0.0, "send": 0.0}
+        self._published = {k: 0 for k in self._COUNTER_STATS}
+        self._published_seconds = dict(self.response_seconds)
         self._init_metrics()
         self.stop_event = threading.Event()
-        self.dispatcher = threading.Thread(target=self._dispatch_loop, name="trtpipe-dispatch", daemon=True)
-        self.dispatcher.start()
+        self.dispatch = _param(cfg, "response_dispatch", "thread")
+        router = getattr(self.manager, "output_router", None)
+        if router is None or not hasattr(router, "deliver_batch"):
+            raise pb_utils.TritonModelException(
+                "this transformers has no continuous-batching OutputRouter.deliver_batch (5.17 and 5.24 have it): "
+                "install the version the project pins")
+        if self.dispatch == "inline":
+            router.deliver_batch = self._route_batch
+        elif self.dispatch == "thread":
+            self._handed = collections.deque()
+            self._wake = threading.Event()
+            router.deliver_batch = self._hand_over
+            self.dispatcher = threading.Thread(target=self._dispatch_loop, name="trtpipe-dispatch", daemon=True)
+            self.dispatcher.start()
+        else:
+            raise pb_utils.TritonModelException(
+                f"response_dispatch = {self.dispatch!r}: must be 'thread' or 'inline'; regenerate the repository")
+        router.deliver = lambda output: router.deliver_batch([output])  # the library's error path
+        self.manager.start()
         self.canceller = threading.Thread(target=self._cancel_loop, name="trtpipe-cancel", daemon=True)
         self.cancel_period = int(_param(cfg, "cancellation_check_period_ms", "100")) / 1000.0
         self.canceller.start()
@@ -155,15 +177,21 @@ class TritonPythonModel:
                        for k in ("inflight", "queued", "generating", "max_concurrent_generating")}
         counters = pb_utils.MetricFamily(name="trtpipe_runtime_total",
                                          description="Totals since start: requests accepted, failed, cancelled, "
-                                                     "tokens generated",
+                                                     "tokens generated, responses sent, generation steps that "
+                                                     "produced output",
                                          kind=pb_utils.MetricFamily.COUNTER)
-        self.counter = {k: counters.Metric(labels={**labels, "kind": k})
-                        for k in ("requests", "failed", "cancelled", "tokens")}
+        self.counter = {k: counters.Metric(labels={**labels, "kind": k}) for k in self._COUNTER_STATS}
+        seconds = pb_utils.MetricFamily(name="trtpipe_runtime_response_seconds_total",
+                                        description="Seconds spent returning tokens: building responses (stage "
+                                                    "build) and in response_sender.send, the round trip to the "
+                                                    "server (stage send)",
+                                        kind=pb_utils.MetricFamily.COUNTER)
+        self.seconds_metric = {k: seconds.Metric(labels={**labels, "stage": k}) for k in ("build", "send")}
         kv = pb_utils.MetricFamily(name="trtpipe_runtime_kv_cache_blocks",
                                    description="Paged KV cache blocks of the runtime by state (free, total)",
                                    kind=pb_utils.MetricFamily.GAUGE)
         self.kv_metric = {k: kv.Metric(labels={**labels, "state": k}) for k in ("free", "total")}
-        self._families = (gauges, counters, kv)  # a Metric must not outlive its family
+        self._families = (gauges, counters, seconds, kv)  # a Metric must not outlive its family
 
     def kv_free_blocks(self):
         """Free blocks of the manager's paged KV cache (None before the first batch creates it)."""
@@ -183,7 +211,7 @@ class TritonPythonModel:
         return max([len(getattr(a, "block_table", {}).get(rid, ())) for a in allocators.values()] or [0])
 
     _COUNTER_STATS = {"requests": "requests_total", "failed": "requests_failed", "cancelled": "requests_cancelled",
-                      "tokens": "tokens_total"}
+                      "tokens": "tokens_total", "responses": "responses_total", "steps": "steps_total"}
 
     def _publish(self):
         """Push the request gauges, the counters' increments since the last call and the KV gauge to
@@ -195,12 +223,17 @@ class TritonPythonModel:
             self.stats["queued"] = self.stats["inflight"] - self.stats["generating"]
             values = {k: self.stats[k] for k in ("inflight", "queued", "generating", "max_concurrent_generating")}
             totals = {k: self.stats[v] for k, v in self._COUNTER_STATS.items()}
+            seconds = dict(self.response_seconds)
         for k, v in values.items():
             self.metric[k].set(v)
         for k, v in totals.items():
             if v > self._published[k]:
                 self.counter[k].increment(v - self._published[k])
                 self._published[k] = v
+        for k, v in seconds.items():
+            if v > self._published_seconds[k]:
+                self.seconds_metric[k].increment(v - self._published_seconds[k])
+                self._published_seconds[k] = v
         free = self.kv_free_blocks()
         self.kv_metric["total"].set(self.num_blocks)
         if free is not None:
@@ -363,23 +396,35 @@ class TritonPythonModel:
         return words
 
     # ---- output routing -----------------------------------------------------------------------
+    def _hand_over(self, outputs):
+        """response_dispatch "thread": the library's per-step delivery (generation thread) hands the step's
+        outputs to the dispatcher in one append and one wake-up, instead of the library's queue.put per
+        output (each put wakes the consumer, which then competes with the generation thread for the GIL)."""
+        self._handed.append(outputs)
+        self._wake.set()
+
     def _dispatch_loop(self):
         while not self.stop_event.is_set():
-            first = self.manager.get_result(timeout=0.05)
-            if first is None:
+            if not self._wake.wait(0.05):
                 continue
-            # Drain what else is ready and keep each request's newest result (generated_tokens is cumulative,
-            # a finished or failed result is a request's last): when this thread falls behind the generation
-            # loop, one response carries several tokens instead of one response per token, each of which
-            # costs GIL time that the generation thread needs.
-            latest = {first.request_id: first}
-            for _ in range(65536):
-                more = self.manager.get_result(timeout=0)
-                if more is None:
-                    break
-                latest[more.request_id] = more
-            for result in latest.values():
+            self._wake.clear()
+            # Each request's newest output only (generated_tokens is cumulative; a finished or failed output is
+            # a request's last): when this thread falls behind, one response carries several tokens.
+            latest = {}
+            while self._handed:
+                for output in self._handed.popleft():
+                    latest[output.request_id] = output
+            self._route_batch(latest.values())
+
+    def _route_batch(self, outputs):
+        """Route one step's outputs (response_dispatch "inline": called by the library in its generation
+        thread, so every response of a step is sent before the next step starts). Never raises."""
+        self.stats["steps_total"] += 1  # one writer: the thread that routes
+        for result in outputs:
+            try:
                 self._route(result)
+            except Exception as exc:  # never into the generation loop
+                pb_utils.Logger.log_error(f"tensorrt_llm: routing {getattr(result, 'request_id', '?')} failed: {exc}")
 
     def _route(self, result):
         """Deliver one result to its request; a delivery failure ends that request with an error."""
@@ -457,6 +502,7 @@ class TritonPythonModel:
         """Send one response (tokens[offset:...] of the sequence); the sequence's last one retires it first,
         under the lock that also guards is_cancelled(): a response factory must never be touched after
         the request's final send. Only the last sequence of a request carries the FINAL flag."""
+        t0 = time.perf_counter()
         entry = self.table.get(state.handle)
         ids = list(tokens)
         if not state.exclude_input and offset == 0:  # the prompt leads the first response
@@ -488,7 +534,12 @@ class TritonPythonModel:
                 if state.group.remaining == 0:
                     state.group.closed = True
                     flags = FINAL
-            state.sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=flags)
+            response = pb_utils.InferenceResponse(output_tensors=out)
+            t1 = time.perf_counter()
+            state.sender.send(response, flags=flags)
+            self.stats["responses_total"] += 1  # one writer: the thread that routes
+            self.response_seconds["build"] += t1 - t0
+            self.response_seconds["send"] += time.perf_counter() - t1
 
     def _retire_locked(self, state):
         """Mark a sequence finished and drop it from the tables (caller holds self.lock)."""
