@@ -12,7 +12,8 @@
 # machine is given back 30 s after a call ends: call again at once); each `poll` copies what exists so
 # far (results/*.json, the reports, the log tail) into $OUT.
 #
-# Carried (ignored folders; one call carries at most 64 MiB with the working tree):
+# Carried (ignored folders, built here by `python scripts/h200_pack.py`; one call carries at most 64 MiB
+# with the working tree):
 #   start: $CARRY (default .p9/c1): tritonclient, pydantic, python-rapidjson, psutil wheels, numpy-slim.zip
 #          (numpy 1.26 for the Python-backend stub), pytriton-slim.zip (the tritonserver binary + Python
 #          backend from nvidia-pytriton 0.7.0); $ASSETS/smollm2-tok the SmolLM2 tokenizer (tokenizer.json xz).

@@ -1,6 +1,8 @@
 """Markdown tables of docs/benchmarks/h200.md from one run of scripts/h200_session.sh.
 
-    python3 scripts/h200_tables.py OUT_DIR    # the `out/` folder of results.tgz (bench-<tag>.json files)
+    python3 scripts/h200_tables.py OUT_DIR [RESULTS_DIR:MODEL ...]
+      OUT_DIR: the `out/` folder of results.tgz (bench-<tag>.json files); RESULTS_DIR:MODEL: a step's
+      results/ folder read phase by phase (for a step the session ended before it finished)
 
 Reads every bench-<tag>.json that scripts/bench_h200.py wrote in OUT_DIR (one per `bench` step of the
 session: cb, static, smol, defaults) and prints, per model: the per-point table (served with the
@@ -43,8 +45,28 @@ def counter(deltas, name, **labels):
     return total
 
 
-def main(out_dir):
+PHASES = {"served": "served-cb", "inline": "served-cb-inline", "inproc": "inproc-cb", "static": "served-static",
+          "defaults": "served-defaults", "inproc-defaults": "inproc-defaults"}
+
+
+def from_results(folder, model):
+    """A run assembled from a results/ folder's phase files (a step the session ended before it wrote its
+    bench-<tag>.json): <phase>.json, else the <phase>.partial.json the phase keeps up to date per point."""
+    run = {"model": model}
+    for ph, key in list(PHASES.items()) + [("repos", "repos"), ("bandwidth", "bandwidth")]:
+        for name in (f"{ph}.json", f"{ph}.partial.json"):
+            f = os.path.join(folder, name)
+            if os.path.isfile(f):
+                run[key] = json.load(open(f))
+                break
+    return run
+
+
+def main(out_dir, extra=()):
     runs = {os.path.basename(f)[6:-5]: json.load(open(f)) for f in sorted(glob.glob(os.path.join(out_dir, "bench-*.json")))}
+    for spec in extra:  # FOLDER:MODEL
+        folder, model = spec.rsplit(":", 1)
+        runs[model] = from_results(folder, model)
     bw = next((r["bandwidth"]["read_plus_write_bytes_per_s"] for r in runs.values() if "bandwidth" in r), None)
     by_model = {}
     for tag, r in runs.items():
@@ -142,4 +164,4 @@ def main(out_dir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".")
+    main(sys.argv[1] if len(sys.argv) > 1 else ".", sys.argv[2:])
