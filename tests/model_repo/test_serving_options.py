@@ -255,6 +255,10 @@ def test_inline_dispatch_streams_the_same_tokens_as_the_dispatcher_thread(server
 # request to tensorrt_llm is cancelled by Triton's gRPC frontend itself.
 @pytest.mark.parametrize("model", ["tensorrt_llm_bls", "tensorrt_llm"])
 def test_cancelled_stream_frees_its_kv_blocks_and_server_keeps_serving(server, engine_dir, model):
+    _check_cancel_frees_blocks(server, engine_dir, model)
+
+
+def _check_cancel_frees_blocks(server, engine_dir, model):
     import tritonclient.grpc as grpcclient
 
     total = _metric(server, "trtpipe_runtime_kv_cache_blocks", "total")
@@ -286,6 +290,44 @@ def test_cancelled_stream_frees_its_kv_blocks_and_server_keeps_serving(server, e
     # freed by the cancellation, not by running to the end (2000 tokens take minutes on CPU)
     assert _metric(server, "trtpipe_runtime_total", "cancelled", label="kind") == cancelled_before + 1
     assert "Paris" in _text(server, _chat(engine_dir, "What is the capital of France?"), 16)[0]
+
+
+def _log_probs(server, text):
+    _, n, chunks = _text(server, text, 8, extra={"return_log_probs": True},
+                         extra_outputs=("output_log_probs", "cum_log_probs"))
+    lps = [float(x) for c in chunks if c.outputs and "output_log_probs" in c.outputs
+           for x in c.outputs["output_log_probs"].reshape(-1)]
+    assert len(lps) == n > 0
+    return lps
+
+
+def test_engine_process_serves_like_the_stub_and_ends_with_the_server(server, engine_dir, tmp_path):
+    """engine_process = true (the generation loop in its own process, engine_worker.py): the same greedy
+    tokens and seeded samples as the loop in the stub, log probs and KV-block perf outputs, a cancelled
+    stream gives its blocks back, and stopping the server ends the worker; its own server."""
+    import psutil
+
+    text = _chat(engine_dir, "What is the capital of France?")
+    greedy = [t for r in _direct_stream(server, engine_dir, text, 16) for t in r]
+    opts = {"temperature": 1.3, "top_p": 0.95, "seed": 5}
+    sampled = _text(server, text, 16, extra=opts)[0]
+    lps_stub = _log_probs(server, text)
+    srv = _start_server(engine_dir, tmp_path, engine_process="true")
+    try:
+        workers = [p for p in psutil.Process(srv.proc.pid).children(recursive=True)
+                   if "engine_worker.py" in " ".join(p.cmdline())]
+        assert len(workers) == 1, "one engine worker process under the tensorrt_llm stub"
+        assert [t for r in _direct_stream(srv, engine_dir, text, 16) for t in r] == greedy
+        assert _text(srv, text, 16, extra=opts)[0] == sampled
+        lps = _log_probs(srv, text)
+        assert lps == pytest.approx(lps_stub, rel=1e-4, abs=1e-5) and all(lp <= 0 for lp in lps)
+        _, _, chunks = _text(srv, _chat(engine_dir, "Name a color."), 8, perf_metrics=True)
+        assert [c.perf for c in chunks if c.perf][-1]["kv_cache_alloc_new_blocks"] >= 1
+        _check_cancel_frees_blocks(srv, engine_dir, "tensorrt_llm")
+    finally:
+        result = srv.stop()
+    assert not result["forced"], result
+    assert not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_stop_ends_a_busy_server_and_its_stubs(engine_dir, tmp_path):

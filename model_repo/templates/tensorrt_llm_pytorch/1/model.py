@@ -24,10 +24,11 @@ import importlib.util
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-_spec = importlib.util.spec_from_file_location("trtpipe_sampling", _os.path.join(_os.path.dirname(
-    _os.path.abspath(__file__)), "sampling.py"))
-sampling = _sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sampling)
+_WORKER_PY = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "engine_worker.py")
+_spec = importlib.util.spec_from_file_location("trtpipe_engine_worker", _WORKER_PY)
+engine = _sys.modules["trtpipe_engine_worker"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(engine)
+sampling = engine.load_sampling()
 
 # @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
 
@@ -80,12 +81,135 @@ class _Request:
         self.triton_id = triton_request.request_id() if triton_request is not None else ""
 
 
+class _Output:
+    """One sequence's state after a step, shaped like transformers' GenerationOutput for _deliver."""
+
+    __slots__ = ("request_id", "generated_tokens", "finished", "error")
+
+    def __init__(self, request_id, generated_tokens, finished, error):
+        self.request_id, self.generated_tokens, self.finished, self.error = request_id, generated_tokens, finished, error
+
+    def is_finished(self):
+        return self.finished
+
+
+class _EngineProcess:
+    """engine_process = true: the manager calls model.py makes, forwarded to engine_worker.py in its own
+    process over a socketpair (protocol in that file). A receiver thread turns each step message into
+    outputs and routes them: it is this mode's dispatcher, and the only work this stub's interpreter
+    does per step."""
+
+    def __init__(self, owner, engine_dir, settings, device, dtype, python):
+        import socket
+        import subprocess
+        from multiprocessing.connection import Connection
+
+        self.owner, self.tokens, self.kv_blocks, self._kv_free, self.stopping = owner, {}, {}, None, False
+        self.send_lock = threading.Lock()
+        python = python or (_sys.executable if _os.path.basename(_sys.executable or "").startswith("python")
+                            else __import__("shutil").which("python3"))
+        if not python:
+            raise pb_utils.TritonModelException("engine_process = true needs a python3 for the worker: set the "
+                                                "engine_python parameter or put python3 on PATH")
+        ours, theirs = socket.socketpair()
+        env = dict(_os.environ, PYTHONPATH=_os.pathsep.join(p for p in _sys.path if p))
+        self.proc = subprocess.Popen([python, _WORKER_PY, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                                     env=env)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.conn.send(("init", engine_dir, settings, device, dtype))
+        while not self.conn.poll(1.0):  # model load: up to minutes for a large model
+            if self.proc.poll() is not None:
+                raise pb_utils.TritonModelException(
+                    f"the engine worker ({python} {_WORKER_PY}) exited with {self.proc.returncode} before it was "
+                    "ready: see its messages above in the server log")
+        kind, payload = self.conn.recv()
+        if kind != "ready":
+            self.stop()
+            raise pb_utils.TritonModelException(f"the engine worker failed to start: {payload}")
+        self.info = payload
+        self.receiver = threading.Thread(target=self._receive, name="trtpipe-engine-receiver", daemon=True)
+
+    def _send(self, message):
+        with self.send_lock:
+            self.conn.send(message)
+
+    def start(self):
+        self.receiver.start()
+
+    def add_request(self, ids, request_id, max_new_tokens, streaming, eos_token_id, **kw):
+        import dataclasses
+
+        entry = self.owner.table.get(kw[sampling.HANDLE_KWARG])
+        params = dict(dataclasses.asdict(entry.params), seed_drawn=entry.seed)
+        state = self.owner.requests.get(request_id)
+        self._send(("add", request_id, list(ids), max_new_tokens, eos_token_id, params,
+                    bool(state is not None and state.perf)))
+        return request_id
+
+    def cancel_request(self, request_id):
+        try:
+            self._send(("cancel", request_id))
+        except OSError:
+            pass  # the worker is gone; _receive fails what was live
+
+    def kv_free(self):
+        """The free-block count the worker last reported; asks for a fresh one."""
+        try:
+            self._send(("kv",))
+        except OSError:
+            pass
+        return self._kv_free
+
+    def _receive(self):
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "kv":
+                self._kv_free = message[1]
+                continue
+            outputs, done = [], []
+            for rid, new, finished, error, lps, blocks in message[1]:
+                tokens = self.tokens.setdefault(rid, [])
+                tokens.extend(new)
+                if lps:
+                    state = self.owner.requests.get(rid)
+                    entry = self.owner.table.get(state.handle) if state is not None else None
+                    if entry is not None:
+                        entry.log_probs.extend(lps)
+                if blocks is not None:
+                    self.kv_blocks[rid] = max(self.kv_blocks.get(rid, 0), blocks)
+                outputs.append(_Output(rid, tokens, finished, error))
+                if finished:
+                    done.append(rid)
+            self.owner._route_batch(outputs)
+            for rid in done:
+                self.tokens.pop(rid, None)
+                self.kv_blocks.pop(rid, None)
+        if not self.stopping:  # the worker died: every live request ends with an error
+            pb_utils.Logger.log_error(f"tensorrt_llm: the engine worker exited ({self.proc.poll()})")
+            self.owner._route_batch([_Output(rid, [], True, "the engine worker process exited")
+                                     for rid in list(self.owner.requests)])
+
+    def stop(self, block=True, timeout=10):
+        self.stopping = True
+        try:
+            self._send(("stop",))
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=timeout)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+        self.conn.close()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         import torch
-        from transformers import AutoModelForCausalLM, GenerationConfig
-        from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
         cfg = _json.loads(args["model_config"])
         self.model_config = cfg
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
@@ -103,29 +227,22 @@ class TritonPythonModel:
                     "num_blocks"):
             setattr(self, key, self.settings[key])
         device = _param(cfg, "device", "cpu")
-        if device == "cuda" and not torch.cuda.is_available():
-            raise pb_utils.TritonModelException("device=cuda but torch sees no GPU")
-        dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
-            _param(cfg, "runtime_dtype", "float32")]
-        self.model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=dtype, attn_implementation="sdpa")
-        self.model.to(device).eval()
-        with open(_os.path.join(engine_dir, "generation_config.json")) as fh:
-            gen = _json.load(fh)
-        eos = gen.get("eos_token_id")
-        self.default_end_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
-        self.pad_id = gen.get("pad_token_id", self.default_end_ids[0] if self.default_end_ids else 0)
+        dtype = _param(cfg, "runtime_dtype", "float32")
+        self.engine_process = _param(cfg, "engine_process", "false") == "true"
         self.vocab_size = int(self.engine["pretrained_config"]["vocab_size"])
-        # Greedy at creation: the library's step ends in one argmax; sampled requests are drawn by
-        # sampling.SamplerProcessor (see sampling.py for why not the library's per-request warpers).
-        gcfg = GenerationConfig(max_new_tokens=self.max_seq_len, eos_token_id=self.default_end_ids or None,
-                                pad_token_id=self.pad_id, **sampling.CREATION_DEFAULTS)
-        cbc = continuous_batching_config(self.settings)
-        self.manager = self.model.init_continuous_batching(generation_config=gcfg, continuous_batching_config=cbc)
-        self.table = sampling.RequestTable()
-        sampling.install(self.manager, self.table)
+        self.requests = {}
+        if self.engine_process:  # the generation loop in its own process (engine_worker.py)
+            self.table = sampling.RequestTable()  # here: each request's options, seed and log probs
+            self.manager = _EngineProcess(self, engine_dir, self.settings, device, dtype,
+                                          _param(cfg, "engine_python", ""))
+            info = self.manager.info
+        else:
+            if device == "cuda" and not torch.cuda.is_available():
+                raise pb_utils.TritonModelException("device=cuda but torch sees no GPU")
+            self.manager, self.table, info = engine.build_manager(engine_dir, self.settings, device, dtype)
+        self.default_end_ids, self.pad_id = info["default_end_ids"], info["pad_id"]
         self.exclude_input_default = _param(cfg, "exclude_input_in_output", "true") == "true"
 
-        self.requests = {}
         self.lock = threading.Lock()
         self.stats = {"requests_total": 0, "requests_failed": 0, "requests_cancelled": 0, "inflight": 0,
                       "generating": 0, "max_concurrent_generating": 0, "tokens_total": 0, "responses_total": 0,
@@ -137,32 +254,43 @@ class TritonPythonModel:
         self._published_seconds = dict(self.response_seconds)
         self._init_metrics()
         self.stop_event = threading.Event()
-        self.dispatch = _param(cfg, "response_dispatch", "thread")
-        router = getattr(self.manager, "output_router", None)
-        if router is None or not hasattr(router, "deliver_batch"):
-            raise pb_utils.TritonModelException(
-                "this transformers has no continuous-batching OutputRouter.deliver_batch (5.17 and 5.24 have it): "
-                "install the version the project pins")
-        if self.dispatch == "inline":
-            router.deliver_batch = self._route_batch
-        elif self.dispatch == "thread":
-            self._handed = collections.deque()
-            self._wake = threading.Event()
-            router.deliver_batch = self._hand_over
-            self.dispatcher = threading.Thread(target=self._dispatch_loop, name="trtpipe-dispatch", daemon=True)
-            self.dispatcher.start()
-        else:
-            raise pb_utils.TritonModelException(
-                f"response_dispatch = {self.dispatch!r}: must be 'thread' or 'inline'; regenerate the repository")
-        router.deliver = lambda output: router.deliver_batch([output])  # the library's error path
+        try:
+            self._start_routing(cfg)
+        except BaseException:
+            if self.engine_process:
+                self.manager.stop()  # the worker must not outlive a model that failed to load
+            raise
+        pb_utils.Logger.log_info(
+            f"tensorrt_llm[pytorch]: engine {engine_dir}, device {device}, dtype {dtype}, max_batch_size "
+            f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens, "
+            f"response dispatch {self.dispatch}, settings {self.settings}")
+
+    def _start_routing(self, cfg):
+        """Route the manager's per-step outputs (dispatcher thread, inline, or the engine process's
+        receiver), start the manager and the housekeeping thread."""
+        self.dispatch = "engine process" if self.engine_process else _param(cfg, "response_dispatch", "thread")
+        if not self.engine_process:  # (with engine_process, _EngineProcess's receiver thread routes)
+            router = getattr(self.manager, "output_router", None)
+            if router is None or not hasattr(router, "deliver_batch"):
+                raise pb_utils.TritonModelException(
+                    "this transformers has no continuous-batching OutputRouter.deliver_batch (5.17 and 5.24 have "
+                    "it): install the version the project pins")
+            if self.dispatch == "inline":
+                router.deliver_batch = self._route_batch
+            elif self.dispatch == "thread":
+                self._handed = collections.deque()
+                self._wake = threading.Event()
+                router.deliver_batch = self._hand_over
+                self.dispatcher = threading.Thread(target=self._dispatch_loop, name="trtpipe-dispatch", daemon=True)
+                self.dispatcher.start()
+            else:
+                raise pb_utils.TritonModelException(
+                    f"response_dispatch = {self.dispatch!r}: must be 'thread' or 'inline'; regenerate the repository")
+            router.deliver = lambda output: router.deliver_batch([output])  # the library's error path
         self.manager.start()
         self.canceller = threading.Thread(target=self._cancel_loop, name="trtpipe-cancel", daemon=True)
         self.cancel_period = int(_param(cfg, "cancellation_check_period_ms", "100")) / 1000.0
         self.canceller.start()
-        pb_utils.Logger.log_info(
-            f"tensorrt_llm[pytorch]: engine {engine_dir}, device {device}, dtype {dtype}, max_batch_size "
-            f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens, "
-            f"settings {self.settings}")
 
     # ---- metrics (Triton's /metrics endpoint) --------------------------------------------------
     def _init_metrics(self):
@@ -194,21 +322,17 @@ class TritonPythonModel:
         self._families = (gauges, counters, seconds, kv)  # a Metric must not outlive its family
 
     def kv_free_blocks(self):
-        """Free blocks of the manager's paged KV cache (None before the first batch creates it)."""
-        bp = getattr(self.manager, "batch_processor", None)
-        cache = getattr(bp, "cache", None)
-        free_capacity = getattr(cache, "compute_free_capacity", None)  # transformers >= 5.24
-        if free_capacity is None:
-            return None  # older libraries: the gauge is not exported rather than failing requests
-        return int(round(free_capacity(relative=True) * self.num_blocks))
+        """Free blocks of the paged KV cache (None before the first batch creates it, or on transformers
+        5.17, which cannot tell: the gauge is then not exported rather than failing requests)."""
+        if self.engine_process:
+            return self.manager.kv_free()
+        return engine.free_blocks(self.manager, self.num_blocks)
 
     def kv_blocks_of(self, rid):
-        """KV blocks the manager's cache holds for one sequence now (0 when unknown or freed)."""
-        cache = getattr(getattr(self.manager, "batch_processor", None), "cache", None)
-        allocators = getattr(cache, "cache_allocators", None)  # transformers >= 5.24
-        if not isinstance(allocators, dict):
-            return 0
-        return max([len(getattr(a, "block_table", {}).get(rid, ())) for a in allocators.values()] or [0])
+        """KV blocks the cache holds for one sequence now (0 when unknown or freed)."""
+        if self.engine_process:
+            return self.manager.kv_blocks.get(rid, 0)
+        return engine.blocks_of(self.manager, rid)
 
     _COUNTER_STATS = {"requests": "requests_total", "failed": "requests_failed", "cancelled": "requests_cancelled",
                       "tokens": "tokens_total", "responses": "responses_total", "steps": "steps_total"}

@@ -1,0 +1,188 @@
+# The generation loop of the `tensorrt_llm` model (pytorch runtime), and with engine_process = true
+# the process that runs it outside the Python-backend stub.
+#
+# build_manager() makes transformers' ContinuousBatchingManager with the runtime's settings and
+# sampling processors; model.py calls it in the stub (engine_process false) or starts this file as
+# its own process (engine_process true), so that the generation loop does not share the stub's
+# interpreter and GIL with returning tokens through the Python backend (the design of TensorRT-LLM's
+# executor proxy and vLLM's engine-core process). Measured reason: docs/benchmarks/h200.md.
+#
+# Protocol over one socketpair (multiprocessing.connection, pickled tuples of plain values):
+#   stub -> worker  ("init", engine_dir, settings, device, dtype)   once, first
+#                   ("add", rid, ids, max_new_tokens, end_ids, params, perf)
+#                   ("cancel", rid)   ("kv",)   ("stop",)
+#   worker -> stub  ("ready", info)   or   ("fatal", message)
+#                   ("step", [(rid, new_tokens, finished, error, log_probs, kv_blocks), ...])  one per step
+#                   ("kv", free_blocks or None)
+# The worker exits when the stub's end of the socket closes (the stub died or stopped).
+
+# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+# @@RUNTIME_CONFIG@@ (replaced at package time by model_repo/runtime_config.py: the CB settings)
+
+import importlib.util
+import threading
+import traceback
+
+
+def load_sampling():
+    """sampling.py beside this file, as the module trtpipe_sampling (one copy per process)."""
+    if "trtpipe_sampling" in _sys.modules:
+        return _sys.modules["trtpipe_sampling"]
+    spec = importlib.util.spec_from_file_location("trtpipe_sampling", _os.path.join(_os.path.dirname(
+        _os.path.abspath(__file__)), "sampling.py"))
+    module = _sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_manager(engine_dir, settings, device, dtype_name):
+    """The model on ``device`` in ``dtype_name`` and its continuous-batching manager (not started).
+
+    Returns (manager, table, info): the sampling RequestTable the processors read, and
+    {"default_end_ids", "pad_id", "vocab_size"} from the engine folder.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    sampling = load_sampling()
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
+    model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=dtype, attn_implementation="sdpa")
+    model.to(device).eval()
+    with open(_os.path.join(engine_dir, "generation_config.json")) as fh:
+        gen = _json.load(fh)
+    eos = gen.get("eos_token_id")
+    end_ids = eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    pad_id = gen.get("pad_token_id", end_ids[0] if end_ids else 0)
+    # Greedy at creation: the library's step ends in one argmax; sampled requests are drawn by
+    # sampling.SamplerProcessor (see sampling.py for why not the library's per-request warpers).
+    gcfg = GenerationConfig(max_new_tokens=settings["max_seq_len"], eos_token_id=end_ids or None,
+                            pad_token_id=pad_id, **sampling.CREATION_DEFAULTS)
+    manager = model.init_continuous_batching(generation_config=gcfg,
+                                             continuous_batching_config=continuous_batching_config(settings))
+    table = sampling.RequestTable()
+    sampling.install(manager, table)
+    return manager, table, {"default_end_ids": end_ids, "pad_id": pad_id,
+                            "vocab_size": int(model.config.vocab_size)}
+
+
+def free_blocks(manager, num_blocks):
+    """Free blocks of the manager's paged KV cache (None before the first batch, or on transformers
+    without compute_free_capacity, 5.17)."""
+    cache = getattr(getattr(manager, "batch_processor", None), "cache", None)
+    free_capacity = getattr(cache, "compute_free_capacity", None)
+    return None if free_capacity is None else int(round(free_capacity(relative=True) * num_blocks))
+
+
+def blocks_of(manager, rid):
+    """KV blocks the manager's cache holds for one sequence now (0 when unknown or freed)."""
+    cache = getattr(getattr(manager, "batch_processor", None), "cache", None)
+    allocators = getattr(cache, "cache_allocators", None)  # transformers >= 5.24
+    if not isinstance(allocators, dict):
+        return 0
+    return max([len(getattr(a, "block_table", {}).get(rid, ())) for a in allocators.values()] or [0])
+
+
+class Worker:
+    """The worker process's side: requests in, one message per generation step out."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.send_lock = threading.Lock()
+        self.live = {}  # rid -> [handle, tokens sent, perf]
+
+    def send(self, message):
+        with self.send_lock:
+            self.conn.send(message)
+
+    def run(self):
+        kind, engine_dir, settings, device, dtype = self.conn.recv()
+        assert kind == "init", kind
+        try:
+            self.manager, self.table, info = build_manager(engine_dir, settings, device, dtype)
+            self.sampling = load_sampling()
+            self.num_blocks = settings["num_blocks"]
+            self.manager.output_router.deliver_batch = self.on_step
+            self.manager.output_router.deliver = lambda output: self.on_step([output])
+            self.manager.start()
+        except Exception as exc:  # the stub reports it as the model's load error
+            self.send(("fatal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+            return
+        self.send(("ready", info))
+        try:
+            self.receive()
+        finally:
+            try:
+                self.manager.stop(block=True, timeout=10)
+            except Exception:
+                pass
+
+    def receive(self):
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                return  # the stub is gone
+            kind = message[0]
+            if kind == "add":
+                _, rid, ids, max_new, end_ids, params, perf = message
+                seed = params.pop("seed_drawn")
+                handle = self.table.add(self.sampling.SamplingParams(**{**params, "seed": seed}))
+                self.live[rid] = [handle, 0, perf]
+                try:
+                    added = self.manager.add_request(ids, request_id=rid, max_new_tokens=max_new, streaming=True,
+                                                     eos_token_id=end_ids, **{self.sampling.HANDLE_KWARG: handle})
+                except Exception as exc:
+                    added, why = None, f"{type(exc).__name__}: {exc}"
+                else:
+                    why = "stopping or queue full"
+                if added is None:
+                    self.forget(rid)
+                    self.send(("step", [(rid, [], True, f"the runtime is not accepting requests ({why})",
+                                         None, None)]))
+            elif kind == "cancel":
+                self.manager.cancel_request(message[1])
+                self.forget(message[1])
+            elif kind == "kv":
+                self.send(("kv", free_blocks(self.manager, self.num_blocks)))
+            elif kind == "stop":
+                return
+
+    def forget(self, rid):
+        entry = self.live.pop(rid, None)
+        if entry is not None:
+            self.table.drop(entry[0])
+
+    def on_step(self, outputs):
+        """The library's per-step delivery (generation thread): one message with each sequence's new tokens."""
+        items = []
+        for out in outputs:
+            entry = self.live.get(out.request_id)
+            if entry is None:
+                continue  # cancelled meanwhile
+            handle, sent, perf = entry
+            tokens = list(out.generated_tokens)
+            finished = bool(out.is_finished()) or bool(out.error)
+            lps = None
+            record = self.table.get(handle)
+            if record is not None and record.params.return_log_probs:
+                lps = record.log_probs[sent:len(tokens)]
+            items.append((out.request_id, tokens[sent:], finished, str(out.error) if out.error else None, lps,
+                          blocks_of(self.manager, out.request_id) if perf else None))
+            entry[1] = len(tokens)
+            if finished:
+                self.forget(out.request_id)
+        if items:
+            try:
+                self.send(("step", items))
+            except (OSError, ValueError):
+                _os._exit(0)  # the stub is gone: nothing to deliver to
+
+
+def main(fd):
+    from multiprocessing.connection import Connection
+
+    Worker(Connection(fd)).run()
+
+
+if __name__ == "__main__":
+    main(int(_sys.argv[1]))
