@@ -383,8 +383,8 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     if s.runtime == "pytorch":
         llm.set("engine_process", "false", "the generation loop runs in the stub (true: in its own process, "
                 "engine_worker.py; not yet measured on a GPU against the stub)")
-        llm.set("engine_python", "", "the worker's python3 (empty: the stub's interpreter if it is a python, "
-                "else python3 on PATH)")
+        llm.set("engine_python", "", "the worker's python (empty: one of the stub's Python version: its "
+                "interpreter, the one under its prefix, or on PATH)")
         llm.set("response_dispatch", "thread", "a dispatcher thread sends the responses, so each send's round trip "
                 "to the server overlaps the next step ('inline': the generation thread sends them between steps; "
                 "measured against each other in docs/benchmarks/h200.md)")

@@ -154,7 +154,12 @@ def _server_config(args, build):
 
     out = _build_path(args, build)
     sv = build.settings.serving
-    return ServerConfig(model_repository=out / "model_repo", http_port=args.http_port or sv.http_port,
+    repo = Path(args.model_repo) if getattr(args, "model_repo", None) else out / "model_repo"
+    if not (repo / "tensorrt_llm" / "config.pbtxt").is_file():
+        raise PipelineError(f"{repo} holds no model repository (tensorrt_llm/config.pbtxt missing): "
+                            + ("pass a folder written by the model_repo stage, or a copy of one" if
+                               getattr(args, "model_repo", None) else "run `make build-engine` first"))
+    return ServerConfig(model_repository=repo, http_port=args.http_port or sv.http_port,
                         grpc_port=args.grpc_port or sv.grpc_port, metrics_port=args.metrics_port or sv.metrics_port,
                         address=args.address, log_file=out / "tritonserver.log", ready_timeout_s=args.timeout,
                         python_path=default_sys_path(), runtime=build.settings.runtime,
@@ -338,6 +343,10 @@ def make_parser() -> argparse.ArgumentParser:
             sp.add_argument("--grpc-port", type=int, default=None, help="default: serving.grpc_port")
             sp.add_argument("--metrics-port", type=int, default=None, help="default: serving.metrics_port")
             sp.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for READY (default 600)")
+            sp.add_argument("--model-repo", type=Path, default=None, metavar="DIR",
+                            help="serve this repository instead of the build's model_repo (e.g. an edited copy, "
+                                 "with a tensorrt_llm parameter changed); ports and settings still come from "
+                                 "the build, and `trtpipe stop` stops it")
         sp.set_defaults(func=func)
 
     q = sub.add_parser("query", help="stream an answer to a chat prompt through the ensemble (gRPC)")

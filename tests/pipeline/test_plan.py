@@ -273,3 +273,14 @@ def test_run_build_saves_plan_before_heavy_work(tmp_path, monkeypatch, smollm2):
     with pytest.raises(SpecError) as err:
         build_mod.run_build(bad, out_root=tmp_path / "out2", progress=False)
     assert err.value.codes() == ["awq_group"]
+
+
+def test_serve_model_repo_that_is_not_a_repository_is_refused_before_starting(tmp_path, capsys):
+    """`trtpipe serve --model-repo DIR` serves an edited copy of a repository; a folder without one
+    fails at once with what is missing, and no server is started."""
+    from pipeline.cli import main
+
+    rc = main(["serve", "--model-repo", str(tmp_path), "--detach"])
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert str(tmp_path) in err and "tensorrt_llm/config.pbtxt missing" in err

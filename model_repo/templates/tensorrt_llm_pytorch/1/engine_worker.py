@@ -160,15 +160,16 @@ class Worker:
             if entry is None:
                 continue  # cancelled meanwhile
             handle, sent, perf = entry
-            tokens = list(out.generated_tokens)
+            generated = out.generated_tokens  # cumulative: only what is new since the last step is sent
+            n = len(generated)
             finished = bool(out.is_finished()) or bool(out.error)
             lps = None
             record = self.table.get(handle)
             if record is not None and record.params.return_log_probs:
-                lps = record.log_probs[sent:len(tokens)]
-            items.append((out.request_id, tokens[sent:], finished, str(out.error) if out.error else None, lps,
-                          blocks_of(self.manager, out.request_id) if perf else None))
-            entry[1] = len(tokens)
+                lps = record.log_probs[sent:n]
+            items.append((out.request_id, list(generated[sent:n]), finished, str(out.error) if out.error else None,
+                          lps, blocks_of(self.manager, out.request_id) if perf else None))
+            entry[1] = n
             if finished:
                 self.forget(out.request_id)
         if items:

@@ -93,6 +93,26 @@ class _Output:
         return self.finished
 
 
+def _worker_python():
+    """A python of the stub's own version for engine_worker.py (the worker gets the stub's sys.path, which
+    holds that version's standard library): the stub's interpreter when it is a python executable, the
+    one under its prefix, else pythonX.Y or python3 on PATH (version checked)."""
+    import shutil
+    import subprocess
+
+    version = f"{_sys.version_info[0]}.{_sys.version_info[1]}"
+    candidates = [_sys.executable if _os.path.basename(_sys.executable or "").startswith("python") else None]
+    candidates += [_os.path.join(prefix, "bin", f"python{version}") for prefix in (_sys.prefix, _sys.base_prefix)]
+    candidates += [shutil.which(f"python{version}"), shutil.which("python3")]
+    for path in candidates:
+        if path and _os.path.isfile(path) and _os.access(path, _os.X_OK):
+            out = subprocess.run([path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=60)
+            if out.stdout.strip() == version:
+                return path
+    return None
+
+
 class _EngineProcess:
     """engine_process = true: the manager calls model.py makes, forwarded to engine_worker.py in its own
     process over a socketpair (protocol in that file). A receiver thread turns each step message into
@@ -106,11 +126,11 @@ class _EngineProcess:
 
         self.owner, self.tokens, self.kv_blocks, self._kv_free, self.stopping = owner, {}, {}, None, False
         self.send_lock = threading.Lock()
-        python = python or (_sys.executable if _os.path.basename(_sys.executable or "").startswith("python")
-                            else __import__("shutil").which("python3"))
+        python = python or _worker_python()
         if not python:
-            raise pb_utils.TritonModelException("engine_process = true needs a python3 for the worker: set the "
-                                                "engine_python parameter or put python3 on PATH")
+            raise pb_utils.TritonModelException(
+                f"engine_process = true needs a python{_sys.version_info[0]}.{_sys.version_info[1]} for the worker "
+                "(the stub's version): set the engine_python parameter or put it on PATH")
         ours, theirs = socket.socketpair()
         env = dict(_os.environ, PYTHONPATH=_os.pathsep.join(p for p in _sys.path if p))
         self.proc = subprocess.Popen([python, _WORKER_PY, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
@@ -118,7 +138,11 @@ class _EngineProcess:
         theirs.close()
         self.conn = Connection(ours.detach())
         self.conn.send(("init", engine_dir, settings, device, dtype))
+        deadline = time.monotonic() + 3600
         while not self.conn.poll(1.0):  # model load: up to minutes for a large model
+            if time.monotonic() > deadline:
+                self.stop(timeout=1)
+                raise pb_utils.TritonModelException("the engine worker was not ready after an hour")
             if self.proc.poll() is not None:
                 raise pb_utils.TritonModelException(
                     f"the engine worker ({python} {_WORKER_PY}) exited with {self.proc.returncode} before it was "
@@ -172,6 +196,10 @@ class _EngineProcess:
                 continue
             outputs, done = [], []
             for rid, new, finished, error, lps, blocks in message[1]:
+                if rid not in self.owner.requests:  # cancelled or failed meanwhile
+                    self.tokens.pop(rid, None)
+                    self.kv_blocks.pop(rid, None)
+                    continue
                 tokens = self.tokens.setdefault(rid, [])
                 tokens.extend(new)
                 if lps:
