@@ -17,6 +17,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_h200 import floor  # noqa: E402  (the floor formula of the run itself)
+
 CONFIGS = [("served CB, dispatcher thread (default)", "served-cb"), ("served CB, inline dispatch", "served-cb-inline"),
            ("served CB, engine process", "served-cb-proc"),
            ("in-process CB (same runtime + settings)", "inproc-cb"), ("served static `generate` (baseline)", "served-static"),
@@ -95,7 +98,7 @@ def main(out_dir, extra=()):
                     if p is None:
                         continue
                     s = p["summary"]
-                    fl = c / ((W + c * (shape[0] + shape[1] / 2) * KV) / bw) if bw else None
+                    fl = floor(W, KV, bw, shape[0], shape[1], c)["tok_s"] if bw else None
                     static = "static" in key
                     print(f"| {name if head else ''} | {c} | {s['requests']['measured']} | {tput(s):,.0f} | "
                           f"{s['request_throughput']:.2f} | {ms(q(s, 'ttft_s', 'p50'))} | {ms(q(s, 'ttft_s', 'p99'))} | "

@@ -223,6 +223,7 @@ def _settled(server, kinds):
 
 def test_response_counters_count_what_the_client_receives(server, engine_dir):
     before = _settled(server, ("responses", "tokens", "steps"))
+    send_before = _metric(server, "trtpipe_runtime_response_seconds_total", "send", label="stage")
     responses = _direct_stream(server, engine_dir, _chat(engine_dir, "Count to ten."), 12)
     tokens = sum(len(r) for r in responses)
     assert tokens == 12 and len(responses) > 1
@@ -230,7 +231,7 @@ def test_response_counters_count_what_the_client_receives(server, engine_dir):
         before["responses"] + len(responses)
     assert _counter(server, "tokens") == before["tokens"] + tokens
     assert before["steps"] < _counter(server, "steps") <= before["steps"] + len(responses)
-    assert _metric(server, "trtpipe_runtime_response_seconds_total", "send", label="stage") > 0
+    assert _metric(server, "trtpipe_runtime_response_seconds_total", "send", label="stage") > send_before
 
 
 def test_inline_dispatch_streams_the_same_tokens_as_the_dispatcher_thread(server, engine_dir, tmp_path):
@@ -240,6 +241,9 @@ def test_inline_dispatch_streams_the_same_tokens_as_the_dispatcher_thread(server
     threaded = _direct_stream(server, engine_dir, text, 16)
     inline = _start_server(engine_dir, tmp_path, response_dispatch="inline")
     try:
+        # the mode the model says it runs (thread and inline both send one token per response when idle)
+        assert "response dispatch inline" in inline.log_path.read_text()
+        assert "response dispatch thread" in server.log_path.read_text()
         got = _direct_stream(inline, engine_dir, text, 16)
         assert [t for r in got for t in r] == [t for r in threaded for t in r]
         assert all(len(r) == 1 for r in got), "inline dispatch sends each step's token in its own response"

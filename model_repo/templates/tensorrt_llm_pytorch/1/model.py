@@ -4,7 +4,8 @@
 # (`ContinuousBatchingManager`): one manager thread runs the generation loop; `execute`
 # only validates and enqueues requests; each step's outputs are routed to their requests'
 # response senders (decoupled streaming) by a dispatcher thread or, with response_dispatch
-# "inline", by the generation thread itself (see _plan_response_dispatch in model_repo/generate.py). Same tensors as the TensorRT-LLM
+# "inline", by the generation thread itself; with engine_process the loop runs in its own
+# process (engine_worker.py) and a receiver thread here routes. Same tensors as the TensorRT-LLM
 # C++ backend: input_ids/input_lengths/request_output_len in, output_ids/sequence_length out.
 # In streaming mode each response carries the tokens generated since the previous one.
 # Decoding options (temperature, top_k, top_p, seed, penalties, min_tokens, log probs) are per
@@ -196,17 +197,16 @@ class _EngineProcess:
                 continue
             outputs, done = [], []
             for rid, new, finished, error, lps, blocks in message[1]:
-                if rid not in self.owner.requests:  # cancelled or failed meanwhile
+                state = self.owner.requests.get(rid)
+                if state is None:  # cancelled or failed meanwhile
                     self.tokens.pop(rid, None)
                     self.kv_blocks.pop(rid, None)
                     continue
                 tokens = self.tokens.setdefault(rid, [])
                 tokens.extend(new)
-                if lps:
-                    state = self.owner.requests.get(rid)
-                    entry = self.owner.table.get(state.handle) if state is not None else None
-                    if entry is not None:
-                        entry.log_probs.extend(lps)
+                entry = self.owner.table.get(state.handle) if lps else None
+                if entry is not None:
+                    entry.log_probs.extend(lps)
                 if blocks is not None:
                     self.kv_blocks[rid] = max(self.kv_blocks.get(rid, 0), blocks)
                 outputs.append(_Output(rid, tokens, finished, error))
