@@ -76,11 +76,17 @@ run_session4() {  # the fourth session's run (docs/benchmarks/h200.md)
   bench defaults served,defaults,inproc,inproc-defaults "128/128:32,128;467/256:32"
 }
 
-run_next() {  # not yet run: the generation loop in its own process (engine_process) vs in the stub
-  P="128/128:1,8,32,128;467/256:32,128"
+run_next() {  # fifth session: engine_process vs the stub vs in-process; planner vs defaults repeated
+  P="128/128:1,8,32,128;467/256:32"
   bench cb engine,repos,bandwidth,served,proc,inproc "$P"
-  bench defaults defaults,inproc-defaults,served,inproc "128/128:32,128;467/256:32"
-  bench defaults2 defaults,inproc-defaults "128/128:32,128;467/256:32"
+  # planner vs library defaults, served, each point twice in one server (the third session had one sample)
+  R="128/128:32,128,32,128;467/256:32,32"
+  bench defaults defaults,served "$R"
+  bench inproc-defaults inproc-defaults,inproc "128/128:32,128;467/256:32"
+  # SmolLM2's static baseline at 467/256 (missing from the fourth session), once the wheel has arrived
+  for _ in $(seq 1 60); do [ -f /tmp/carry/ready ] && break; sleep 10; done
+  [ -f /tmp/carry/ready ] && bench smol-static engine,repos,static "467/256:1,8,32,64,128" --model smollm2 \
+    --work "$W-smollm2" || echo "smollm2 skipped: carry not ready"
 }
 
 run_all() {
