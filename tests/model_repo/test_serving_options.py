@@ -47,6 +47,7 @@ def _start_server(engine_dir, tmp, **llm_params):
     from pipeline.targets import get_target
     from tests.conftest import DEFAULT_BUILD
 
+    tmp.mkdir(parents=True, exist_ok=True)
     plan = plan_repository(load_spec(DEFAULT_BUILD, "cpu"), get_target("cpu"), engine_dir)
     llm = next(m for m in plan.models if m.name == "tensorrt_llm")
     for key, value in llm_params.items():
@@ -234,23 +235,26 @@ def test_response_counters_count_what_the_client_receives(server, engine_dir):
     assert _metric(server, "trtpipe_runtime_response_seconds_total", "send", label="stage") > send_before
 
 
-def test_inline_dispatch_streams_the_same_tokens_as_the_dispatcher_thread(server, engine_dir, tmp_path):
-    """response_dispatch inline (the generation thread sends between steps): same greedy tokens, one
-    response per step; its own server."""
+def test_in_stub_loop_streams_the_same_tokens_with_either_dispatch(server, engine_dir, tmp_path):
+    """engine_process false (the generation loop in a thread of the stub) with response_dispatch thread
+    and inline (the generation thread sends between steps): the same greedy tokens as the default engine
+    process; inline sends one response per step; their own servers."""
     text = _chat(engine_dir, "What is the capital of France?")
-    threaded = _direct_stream(server, engine_dir, text, 16)
-    inline = _start_server(engine_dir, tmp_path, response_dispatch="inline")
-    try:
-        # the mode the model says it runs (thread and inline both send one token per response when idle)
-        assert "response dispatch inline" in inline.log_path.read_text()
-        assert "response dispatch thread" in server.log_path.read_text()
-        got = _direct_stream(inline, engine_dir, text, 16)
-        assert [t for r in got for t in r] == [t for r in threaded for t in r]
-        assert all(len(r) == 1 for r in got), "inline dispatch sends each step's token in its own response"
-        assert _wait_published(inline, "responses", len(got)) == len(got) == _counter(inline, "steps")
-    finally:
-        result = inline.stop()
-    assert not result["forced"], result
+    expected = [t for r in _direct_stream(server, engine_dir, text, 16) for t in r]
+    assert "response dispatch engine process" in server.log_path.read_text()
+    for dispatch in ("thread", "inline"):
+        srv = _start_server(engine_dir, tmp_path / dispatch, engine_process="false", response_dispatch=dispatch)
+        try:
+            # the mode the model says it runs (thread and inline both send one token per response when idle)
+            assert f"response dispatch {dispatch}" in srv.log_path.read_text()
+            got = _direct_stream(srv, engine_dir, text, 16)
+            assert [t for r in got for t in r] == expected
+            if dispatch == "inline":
+                assert all(len(r) == 1 for r in got), "inline dispatch sends each step's token in its own response"
+                assert _wait_published(srv, "responses", len(got)) == len(got) == _counter(srv, "steps")
+        finally:
+            result = srv.stop()
+        assert not result["forced"], result
 
 
 # Not the ensemble: Triton (core PR #263; measured with 2.51) checks an ensemble's cancellation only
@@ -305,33 +309,41 @@ def _log_probs(server, text):
     return lps
 
 
-def test_engine_process_serves_like_the_stub_and_ends_with_the_server(server, engine_dir, tmp_path):
-    """engine_process = true (the generation loop in its own process, engine_worker.py): the same greedy
-    tokens and seeded samples as the loop in the stub, log probs and KV-block perf outputs, a cancelled
-    stream gives its blocks back, and stopping the server ends the worker; its own server."""
+def test_engine_process_serves_like_the_stub_loop_and_ends_with_the_server(server, engine_dir, tmp_path):
+    """engine_process = true (the default: the generation loop in its own process, engine_worker.py): the
+    same greedy tokens and seeded samples as the loop in the stub (engine_process false, its own server),
+    log probs and KV-block perf outputs, a cancelled stream gives its blocks back, and stopping the
+    server ends the worker."""
     import psutil
 
+    workers = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+               if "engine_worker.py" in " ".join(p.cmdline())]
+    assert len(workers) == 1, "one engine worker process under the tensorrt_llm stub"
     text = _chat(engine_dir, "What is the capital of France?")
-    greedy = [t for r in _direct_stream(server, engine_dir, text, 16) for t in r]
     opts = {"temperature": 1.3, "top_p": 0.95, "seed": 5}
-    sampled = _text(server, text, 16, extra=opts)[0]
-    lps_stub = _log_probs(server, text)
-    srv = _start_server(engine_dir, tmp_path, engine_process="true")
+    srv = _start_server(engine_dir, tmp_path, engine_process="false")
     try:
-        workers = [p for p in psutil.Process(srv.proc.pid).children(recursive=True)
-                   if "engine_worker.py" in " ".join(p.cmdline())]
-        assert len(workers) == 1, "one engine worker process under the tensorrt_llm stub"
-        assert [t for r in _direct_stream(srv, engine_dir, text, 16) for t in r] == greedy
-        assert _text(srv, text, 16, extra=opts)[0] == sampled
-        lps = _log_probs(srv, text)
-        assert lps == pytest.approx(lps_stub, rel=1e-4, abs=1e-5) and all(lp <= 0 for lp in lps)
-        _, _, chunks = _text(srv, _chat(engine_dir, "Name a color."), 8, perf_metrics=True)
-        assert [c.perf for c in chunks if c.perf][-1]["kv_cache_alloc_new_blocks"] >= 1
-        _check_cancel_frees_blocks(srv, engine_dir, "tensorrt_llm")
+        assert not [p for p in psutil.Process(srv.proc.pid).children(recursive=True)
+                    if "engine_worker.py" in " ".join(p.cmdline())]
+        greedy = [t for r in _direct_stream(srv, engine_dir, text, 16) for t in r]
+        sampled = _text(srv, text, 16, extra=opts)[0]
+        lps_stub = _log_probs(srv, text)
     finally:
-        result = srv.stop()
-    assert not result["forced"], result
-    assert not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+        assert not srv.stop()["forced"]
+    assert [t for r in _direct_stream(server, engine_dir, text, 16) for t in r] == greedy
+    assert _text(server, text, 16, extra=opts)[0] == sampled
+    lps = _log_probs(server, text)
+    assert lps == pytest.approx(lps_stub, rel=1e-4, abs=1e-5) and all(lp <= 0 for lp in lps)
+    _, _, chunks = _text(server, _chat(engine_dir, "Name a color."), 8, perf_metrics=True)
+    assert [c.perf for c in chunks if c.perf][-1]["kv_cache_alloc_new_blocks"] >= 1
+    _check_cancel_frees_blocks(server, engine_dir, "tensorrt_llm")
+    # the worker ends with its server: a server of its own, so the module's server keeps serving
+    own = _start_server(engine_dir, tmp_path / "own")
+    own_workers = [p for p in psutil.Process(own.proc.pid).children(recursive=True)
+                   if "engine_worker.py" in " ".join(p.cmdline())]
+    assert len(own_workers) == 1
+    assert not own.stop()["forced"]
+    assert not [w.pid for w in own_workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_stop_ends_a_busy_server_and_its_stubs(engine_dir, tmp_path):

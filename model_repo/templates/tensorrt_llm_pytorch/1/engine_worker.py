@@ -39,13 +39,15 @@ def build_manager(engine_dir, settings, device, dtype_name):
     """The model on ``device`` in ``dtype_name`` and its continuous-batching manager (not started).
 
     Returns (manager, table, info): the sampling RequestTable the processors read, and
-    {"default_end_ids", "pad_id", "vocab_size"} from the engine folder.
+    {"default_end_ids", "pad_id", "vocab_size"} from the engine folder, "sdpa_backends" (the
+    attention kernels torch may pick in this process, after settings["sdpa_backends"]).
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     sampling = load_sampling()
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
+    sdpa = apply_sdpa_backends(settings)
     model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=dtype, attn_implementation="sdpa")
     model.to(device).eval()
     with open(_os.path.join(engine_dir, "generation_config.json")) as fh:
@@ -62,7 +64,7 @@ def build_manager(engine_dir, settings, device, dtype_name):
     table = sampling.RequestTable()
     sampling.install(manager, table)
     return manager, table, {"default_end_ids": end_ids, "pad_id": pad_id,
-                            "vocab_size": int(model.config.vocab_size)}
+                            "vocab_size": int(model.config.vocab_size), "sdpa_backends": sdpa}
 
 
 def free_blocks(manager, num_blocks):

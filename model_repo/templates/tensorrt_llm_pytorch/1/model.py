@@ -1,11 +1,12 @@
 # The `tensorrt_llm` model for the portable `pytorch` runtime (Triton Python backend).
 #
 # In-flight batching with a paged KV cache, from transformers' continuous batching
-# (`ContinuousBatchingManager`): one manager thread runs the generation loop; `execute`
-# only validates and enqueues requests; each step's outputs are routed to their requests'
-# response senders (decoupled streaming) by a dispatcher thread or, with response_dispatch
-# "inline", by the generation thread itself; with engine_process the loop runs in its own
-# process (engine_worker.py) and a receiver thread here routes. Same tensors as the TensorRT-LLM
+# (`ContinuousBatchingManager`). By default (engine_process true) the generation loop runs in
+# its own process (engine_worker.py) and a receiver thread here routes each step's outputs to
+# their requests' response senders (decoupled streaming); `execute` only validates and
+# enqueues requests. With engine_process false the loop runs in a thread of this stub and the
+# outputs are sent by a dispatcher thread or, with response_dispatch "inline", by the
+# generation thread itself. Same tensors as the TensorRT-LLM
 # C++ backend: input_ids/input_lengths/request_output_len in, output_ids/sequence_length out.
 # In streaming mode each response carries the tokens generated since the previous one.
 # Decoding options (temperature, top_k, top_p, seed, penalties, min_tokens, log probs) are per
@@ -256,7 +257,7 @@ class TritonPythonModel:
             setattr(self, key, self.settings[key])
         device = _param(cfg, "device", "cpu")
         dtype = _param(cfg, "runtime_dtype", "float32")
-        self.engine_process = _param(cfg, "engine_process", "false") == "true"
+        self.engine_process = _param(cfg, "engine_process", "true") == "true"
         self.vocab_size = int(self.engine["pretrained_config"]["vocab_size"])
         self.requests = {}
         if self.engine_process:  # the generation loop in its own process (engine_worker.py)
@@ -291,7 +292,8 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(
             f"tensorrt_llm[pytorch]: engine {engine_dir}, device {device}, dtype {dtype}, max_batch_size "
             f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens, "
-            f"response dispatch {self.dispatch}, settings {self.settings}")
+            f"response dispatch {self.dispatch}, attention kernels torch may use {info.get('sdpa_backends')}, "
+            f"settings {self.settings}")
 
     def _start_routing(self, cfg):
         """Route the manager's per-step outputs (dispatcher thread, inline, or the engine process's
