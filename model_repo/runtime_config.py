@@ -20,7 +20,10 @@ def runtime_settings(params, build_config):
     ``params`` maps parameter names to strings (missing or empty = the engine's value or the
     library default); ``build_config`` is engine.json's build_config. Returns plain values:
     max_batch_size, max_input_len, max_seq_len, max_num_tokens, tokens_per_block, num_blocks,
-    max_queue_size, allow_block_sharing, use_cuda_graph, use_async_batching, library_defaults.
+    max_queue_size, allow_block_sharing, use_cuda_graph, use_async_batching, library_defaults,
+    sdpa_backends (a list of SDPA_BACKENDS names, or None for torch's own choice).
+
+    Raises ValueError for async_batching true or an unknown sdpa_backends name.
     """
     def get(key, default=None):
         value = params.get(key)
@@ -43,7 +46,35 @@ def runtime_settings(params, build_config):
     # "true": let transformers size everything itself (KV share of free memory, block size, batch
     # token budget, CUDA graphs, async batching) -- the baseline the planner's choice is measured against.
     s["library_defaults"] = _flag(get("library_defaults"), False)
+    # The scaled-dot-product-attention kernels torch may pick (torch.backends.cuda.enable_*_sdp); empty or
+    # "auto": torch's own priority. Process-wide, so set where the generation loop runs.
+    names = [n.strip() for n in str(get("sdpa_backends", "auto")).split(",") if n.strip()]
+    if names in ([], ["auto"]):
+        s["sdpa_backends"] = None
+    else:
+        bad = [n for n in names if n not in SDPA_BACKENDS]
+        if bad:
+            raise ValueError(f"sdpa_backends = {','.join(names)!r}: unknown {bad}; use 'auto' or a comma list of "
+                             f"{', '.join(SDPA_BACKENDS)}")
+        s["sdpa_backends"] = names
     return s
+
+
+SDPA_BACKENDS = ("flash", "mem_efficient", "math", "cudnn")
+"""torch.nn.functional.scaled_dot_product_attention backends, by the names of torch.backends.cuda.enable_<name>_sdp."""
+
+
+def apply_sdpa_backends(settings):
+    """Enable exactly ``settings["sdpa_backends"]`` (process-wide torch flags); None leaves torch's choice.
+    Returns the enabled backends as torch reports them."""
+    import torch
+
+    chosen = settings.get("sdpa_backends")
+    for name in SDPA_BACKENDS:
+        enable = getattr(torch.backends.cuda, f"enable_{name}_sdp", None)
+        if chosen is not None and enable is not None:
+            enable(name in chosen)
+    return [n for n in SDPA_BACKENDS if getattr(torch.backends.cuda, f"{n}_sdp_enabled", lambda: False)()]
 
 
 def continuous_batching_config(settings):
