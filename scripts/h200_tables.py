@@ -18,12 +18,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_h200  # noqa: E402
 from bench_h200 import floor  # noqa: E402  (the floor formula of the run itself)
 
-CONFIGS = [("served CB, dispatcher thread (default)", "served-cb"), ("served CB, inline dispatch", "served-cb-inline"),
-           ("served CB, engine process", "served-cb-proc"),
-           ("in-process CB (same runtime + settings)", "inproc-cb"), ("served static `generate` (baseline)", "served-static"),
+CONFIGS = [("served CB, dispatcher thread", "served-cb"), ("served CB, loop in the stub, dispatcher thread", "served-cb-stub"),
+           ("served CB, inline dispatch", "served-cb-inline"), ("served CB, engine process", "served-cb-proc"),
+           ("served CB, no cuDNN attention", "served-cb-nocudnn"),
+           ("in-process CB (same runtime + settings)", "inproc-cb"), ("in-process CB, no cuDNN attention", "inproc-cb-nocudnn"),
+           ("served static `generate` (baseline)", "served-static"),
            ("served CB, library defaults", "served-defaults"), ("in-process CB, library defaults", "inproc-defaults")]
+SERVED = ("served-cb", "served-cb-stub", "served-cb-inline", "served-cb-proc", "served-cb-nocudnn")
+VISIT = ("cold", "warm")  # first visit of a point's shape in its server / process, then later visits
 CONCS = (1, 8, 32, 64, 128)
 
 
@@ -49,8 +54,7 @@ def counter(deltas, name, **labels):
     return total
 
 
-PHASES = {"served": "served-cb", "inline": "served-cb-inline", "proc": "served-cb-proc", "inproc": "inproc-cb", "static": "served-static",
-          "defaults": "served-defaults", "inproc-defaults": "inproc-defaults"}
+PHASES = bench_h200.NAMES  # phase -> results key
 
 
 def from_results(folder, model):
@@ -66,6 +70,14 @@ def from_results(folder, model):
     return run
 
 
+def label(key, repos):
+    """The served default repository's mode, from the parameters the bench recorded for repo-cb."""
+    if key != "served-cb":
+        return dict((k, n) for n, k in CONFIGS)[key]
+    proc = ((repos or {}).get("repo_tensorrt_llm_params") or {}).get("engine_process", "false") == "true"
+    return "served CB, pipeline default: " + ("engine process" if proc else "loop in the stub, dispatcher thread")
+
+
 def main(out_dir, extra=()):
     runs = {os.path.basename(f)[6:-5]: json.load(open(f)) for f in sorted(glob.glob(os.path.join(out_dir, "bench-*.json")))}
     for spec in extra:  # FOLDER:MODEL
@@ -74,97 +86,113 @@ def main(out_dir, extra=()):
     bw = next((r["bandwidth"]["read_plus_write_bytes_per_s"] for r in runs.values() if "bandwidth" in r), None)
     by_model = {}
     for tag, r in runs.items():
-        m = by_model.setdefault(r.get("model", "llama8b"), {"repos": None, "rows": {}, "points": {}})
+        m = by_model.setdefault(r.get("model", "llama8b"), {"repos": None, "rows": {}})
         m["repos"] = m["repos"] or r.get("repos")
         for _, key in CONFIGS:
+            seen = {}
             for p in r.get(key, {}).get("points", []):
                 pt = p["point"]
                 k = (key, pt["input_len"], pt["output_len"], pt["concurrency"])
-                m["rows"].setdefault(k, []).append((tag, p))
+                visit = min(seen.get(k, 0), 1)  # 0 cold: the first visit of this shape in the step's server/process
+                seen[k] = seen.get(k, 0) + 1
+                m["rows"].setdefault(k, []).append((tag, visit, p))
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s" if bw else "no bandwidth measured")
     for model, m in by_model.items():
         W, KV = m["repos"]["weights_bytes"], m["repos"]["kv_bytes_per_token"]
         print(f"\n## {model}: weights {W / 1e9:.2f} GB, KV {KV:,} B/token\n")
-        first = lambda key, *shape_c: (m["rows"].get((key, *shape_c)) or [(None, None)])[0][1]  # noqa: E731
+
+        def first(key, isl, osl, c, visit=0):
+            """The first measurement of (config, point) at this visit (0 cold, 1 warm), over the bench steps."""
+            return next((p for _, v, p in m["rows"].get((key, isl, osl, c), []) if v == visit), None)
+
         shapes = sorted({(k[1], k[2]) for k in m["rows"]})
         for shape in shapes:
             print(f"\n### {model} {shape[0]}/{shape[1]}\n")
-            print("| config | conc | n | out tok/s | req/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | E2E p99 | floor tok/s | of floor |")
-            print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-            for name, key in CONFIGS:
+            print("| config | conc | visit | n | out tok/s | req/s | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 | E2E p99 | floor tok/s | of floor |")
+            print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+            for _, key in CONFIGS:
                 head = True
                 for c in CONCS:
-                    p = first(key, *shape, c)
-                    if p is None:
-                        continue
-                    s = p["summary"]
-                    fl = floor(W, KV, bw, shape[0], shape[1], c)["tok_s"] if bw else None
-                    static = "static" in key
-                    print(f"| {name if head else ''} | {c} | {s['requests']['measured']} | {tput(s):,.0f} | "
-                          f"{s['request_throughput']:.2f} | {ms(q(s, 'ttft_s', 'p50'))} | {ms(q(s, 'ttft_s', 'p99'))} | "
-                          f"{'-' if static else ms(q(s, 'tpot_s', 'p50'))} | {'-' if static else ms(q(s, 'tpot_s', 'p99'))} | "
-                          f"{sec(q(s, 'e2e_s', 'p99'))} | {'-' if fl is None else f'{fl:,.0f}'} | "
-                          f"{'-' if fl is None else f'{100 * tput(s) / fl:.1f}%'} |")
-                    head = False
-        print(f"\n### {model}: ratios\n")
-        print("| ISL/OSL | conc | served / in-process tok/s (thread) | (inline) | TTFT p50 added (thread) | served CB / static tok/s | CB TTFT p99 vs static | CB E2E p99 vs static |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+                    for visit in (0, 1):
+                        p = first(key, *shape, c, visit)
+                        if p is None:
+                            continue
+                        s = p["summary"]
+                        fl = floor(W, KV, bw, shape[0], shape[1], c)["tok_s"] if bw else None
+                        static = "static" in key
+                        print(f"| {label(key, m['repos']) if head else ''} | {c} | {VISIT[visit]} | {s['requests']['measured']} | "
+                              f"{tput(s):,.0f} | {s['request_throughput']:.2f} | {ms(q(s, 'ttft_s', 'p50'))} | "
+                              f"{ms(q(s, 'ttft_s', 'p99'))} | {'-' if static else ms(q(s, 'tpot_s', 'p50'))} | "
+                              f"{'-' if static else ms(q(s, 'tpot_s', 'p99'))} | {sec(q(s, 'e2e_s', 'p99'))} | "
+                              f"{'-' if fl is None else f'{fl:,.0f}'} | {'-' if fl is None else f'{100 * tput(s) / fl:.1f}%'} |")
+                        head = False
+        served = [k for k in SERVED if any(r[0] == k for r in m["rows"])]
+        print(f"\n### {model}: ratios (same visit: cold with cold, warm with warm)\n")
+        print("| ISL/OSL | conc | visit | " + " | ".join(f"{label(k, m['repos'])} / in-process tok/s" for k in served) +
+              " | TTFT p50 added (default) | served default / static tok/s | default TTFT p99 vs static | default E2E p99 vs static |")
+        print("| --- | ---: | --- | " + "---: | " * len(served) + "---: | ---: | ---: | ---: |")
         for shape in shapes:
             for c in CONCS:
-                sv, il, ip, st = (first(k, *shape, c) for k in ("served-cb", "served-cb-inline", "inproc-cb", "served-static"))
-                if sv is None:
-                    continue
-                sv, il, ip, st = (x["summary"] if x else None for x in (sv, il, ip, st))
-                r1 = f"{tput(sv) / tput(ip):.2f}" if ip else "-"
-                r2 = f"{tput(il) / tput(ip):.2f}" if il and ip else "-"
-                r3 = f"+{(q(sv, 'ttft_s', 'p50') - q(ip, 'ttft_s', 'p50')) * 1000:,.0f} ms" if ip else "-"
-                r4 = f"{tput(sv) / tput(st):.2f}x" if st else "-"
-                r5 = f"{ms(q(sv, 'ttft_s', 'p99'))} vs {sec(q(st, 'ttft_s', 'p99'))}" if st else "-"
-                r6 = f"{sec(q(sv, 'e2e_s', 'p99'))} vs {sec(q(st, 'e2e_s', 'p99'))}" if st else "-"
-                print(f"| {shape[0]}/{shape[1]} | {c} | {r1} | {r2} | {r3} | {r4} | {r5} | {r6} |")
+                for visit in (0, 1):
+                    ip, sv, st = (first(k, *shape, c, visit) for k in ("inproc-cb", "served-cb", "served-static"))
+                    cols = [first(k, *shape, c, visit) for k in served]
+                    if not any(cols):
+                        continue
+                    ip, sv, st = (x["summary"] if x else None for x in (ip, sv, st))
+                    rs = [f"{tput(x['summary']) / tput(ip):.2f}" if x and ip else "-" for x in cols]
+                    r3 = f"+{(q(sv, 'ttft_s', 'p50') - q(ip, 'ttft_s', 'p50')) * 1000:,.0f} ms" if ip and sv else "-"
+                    r4 = f"{tput(sv) / tput(st):.2f}x" if st and sv else "-"
+                    r5 = f"{ms(q(sv, 'ttft_s', 'p99'))} vs {sec(q(st, 'ttft_s', 'p99'))}" if st and sv else "-"
+                    r6 = f"{sec(q(sv, 'e2e_s', 'p99'))} vs {sec(q(st, 'e2e_s', 'p99'))}" if st and sv else "-"
+                    print(f"| {shape[0]}/{shape[1]} | {c} | {VISIT[visit]} | {' | '.join(rs)} | {r3} | {r4} | {r5} | {r6} |")
         print(f"\n### {model}: where the served time goes\n")
-        print("| config | ISL/OSL | conc | wall s | responses / step | send round trip / response | build / response | "
+        print("| config | ISL/OSL | conc | visit | wall s | responses / step | send round trip / response | build / response | "
               "(send + build) / wall | CPU cores: tensorrt_llm stub / tritonserver / postprocessing / preprocessing / engine worker |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-        for key in ("served-cb", "served-cb-inline", "served-cb-proc"):
+        print("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+        for key in served:
             for shape in shapes:
                 for c in CONCS:
-                    p = first(key, *shape, c)
-                    if p is None or "counter_deltas" not in p:
-                        continue
-                    d, cpu = p["counter_deltas"], p["server_cpu"]
-                    n = counter(d, "trtpipe_runtime_total", kind="responses")
-                    steps = counter(d, "trtpipe_runtime_total", kind="steps")
-                    send = counter(d, "trtpipe_runtime_response_seconds_total", stage="send")
-                    build = counter(d, "trtpipe_runtime_response_seconds_total", stage="build")
-                    wall = cpu["wall_s"]
-                    cores = " / ".join(f"{cpu['cpu_s'].get(k, 0) / wall:.2f}" for k in
-                                       ("stub:tensorrt_llm", "tritonserver", "stub:postprocessing", "stub:preprocessing",
-                                        "engine_worker"))
-                    print(f"| {key} | {shape[0]}/{shape[1]} | {c} | {wall:.1f} | {n / steps if steps else 0:.1f} | "
-                          f"{1e3 * send / n if n else 0:.2f} ms | {1e6 * build / n if n else 0:.0f} us | "
-                          f"{(send + build) / wall:.0%} | {cores} |")
-        pairs = [(k, v) for k, v in m["rows"].items() if k[0] in ("served-defaults",)]
+                    for visit in (0, 1):
+                        p = first(key, *shape, c, visit)
+                        if p is None or "counter_deltas" not in p:
+                            continue
+                        d, cpu = p["counter_deltas"], p["server_cpu"]
+                        n = counter(d, "trtpipe_runtime_total", kind="responses")
+                        steps = counter(d, "trtpipe_runtime_total", kind="steps")
+                        send = counter(d, "trtpipe_runtime_response_seconds_total", stage="send")
+                        build = counter(d, "trtpipe_runtime_response_seconds_total", stage="build")
+                        wall = cpu["wall_s"]
+                        cores = " / ".join(f"{cpu['cpu_s'].get(k, 0) / wall:.2f}" for k in
+                                           ("stub:tensorrt_llm", "tritonserver", "stub:postprocessing", "stub:preprocessing",
+                                            "engine_worker"))
+                        print(f"| {key} | {shape[0]}/{shape[1]} | {c} | {VISIT[visit]} | {wall:.1f} | "
+                              f"{n / steps if steps else 0:.1f} | {1e3 * send / n if n else 0:.2f} ms | "
+                              f"{1e6 * build / n if n else 0:.0f} us | {(send + build) / wall:.0%} | {cores} |")
+        pairs = sorted(k[1:] for k in m["rows"] if k[0] in ("served-defaults", "inproc-defaults"))
         if pairs:
-            print(f"\n### {model}: planner vs library defaults (same bench step)\n")
-            print("| ISL/OSL | conc | served: planner / defaults tok/s | in-process: planner / defaults tok/s | TPOT p50 planner / defaults (in-process) |")
-            print("| --- | ---: | ---: | ---: | ---: |")
-            for (key, isl, osl, c), rows in sorted(pairs):
-                tag = rows[0][0]
-                pick = lambda k: next((p["summary"] for t, p in m["rows"].get((k, isl, osl, c), []) if t == tag), None)  # noqa: E731
-                a, b, i, j = (pick(k) for k in ("served-cb", "served-defaults", "inproc-cb", "inproc-defaults"))
-                if not all((a, b, i, j)):
-                    continue
-                print(f"| {isl}/{osl} | {c} | {tput(a):,.0f} / {tput(b):,.0f} ({tput(a) / tput(b):.2f}x) | "
-                      f"{tput(i):,.0f} / {tput(j):,.0f} ({tput(i) / tput(j):.2f}x) | {ms(q(i, 'tpot_s', 'p50'))} / {ms(q(j, 'tpot_s', 'p50'))} |")
+            print(f"\n### {model}: planner vs library defaults (each pair from one bench step, same visit)\n")
+            print("| ISL/OSL | conc | served: planner / defaults tok/s | in-process: planner / defaults tok/s |")
+            print("| --- | ---: | --- | --- |")
+            for isl, osl, c in sorted(set(pairs)):
+                cells = []
+                for mine, theirs in (("served-cb", "served-defaults"), ("inproc-cb", "inproc-defaults")):
+                    got = []
+                    for tag, visit, b in m["rows"].get((theirs, isl, osl, c), []):
+                        a = next((p for t, v, p in m["rows"].get((mine, isl, osl, c), []) if t == tag and v == visit), None)
+                        if a:
+                            x, y = tput(a["summary"]), tput(b["summary"])
+                            got.append(f"{x:,.0f} / {y:,.0f} ({x / y:.2f}x, {VISIT[visit]})")
+                    cells.append("; ".join(got) or "-")
+                print(f"| {isl}/{osl} | {c} | {cells[0]} | {cells[1]} |")
         twice = [(k, v) for k, v in sorted(m["rows"].items()) if len(v) > 1]
         if twice:
-            print(f"\n### {model}: the same point measured twice in this lease\n")
-            print("| config | ISL/OSL | conc | tok/s (bench steps) | spread |")
+            print(f"\n### {model}: the same point measured more than once in this lease\n")
+            print("| config | ISL/OSL | conc | tok/s (bench step, visit) | spread |")
             print("| --- | --- | ---: | --- | ---: |")
             for (key, isl, osl, c), rows in twice:
-                vals = [tput(p["summary"]) for _, p in rows]
-                print(f"| {key} | {isl}/{osl} | {c} | {' / '.join(f'{v:,.0f} ({t})' for (t, _), v in zip(rows, vals))} | "
+                vals = [tput(p["summary"]) for _, _, p in rows]
+                print(f"| {key} | {isl}/{osl} | {c} | "
+                      f"{' / '.join(f'{v:,.0f} ({t}, {VISIT[vi]})' for (t, vi, _), v in zip(rows, vals))} | "
                       f"{100 * (max(vals) - min(vals)) / min(vals):.0f}% |")
 
 
