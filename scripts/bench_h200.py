@@ -15,13 +15,14 @@ One run (each phase a subprocess, so GPU memory is returned between them):
              loop in the stub, a dispatcher thread sends), `cb-inline` (engine_process false,
              response_dispatch inline: the generation thread sends), `cb-proc` (engine_process true, as
              cb; kept for the fifth session's runs), `cb-nocudnn` (cb with sdpa_backends
-             flash,mem_efficient,math: torch may not pick cuDNN attention), `defaults` (cb with
+             flash,mem_efficient,math: torch may not pick cuDNN attention), `cb-graphs` (cb with
+             cuda_graph_mode true: transformers pads batches to fixed sizes), `defaults` (cb with
              transformers' own sizing), `static` (tensorrt_llm_static: plain `generate` on static
              padded batches).
   bandwidth  device-to-device copy bandwidth (bytes read + written).
   inproc     the same runtime called in-process with the ContinuousBatchingConfig built by the same
              function the served model uses (model_repo.runtime_config), same prompts, closed loop;
-             inproc-defaults / inproc-nocudnn: with the settings of repo-defaults / repo-cb-nocudnn.
+             inproc-defaults / inproc-nocudnn / inproc-graphs: with the settings of that repository.
   Points may repeat (`128/128:32,32`): the first visit of a shape is cold, a later one warm (the
              fifth session found the first visit of a shape up to 3x slower in the same process).
   served     tritonserver per repository, then `trtpipe loadtest` closed loop (ignore-eos) per point.
@@ -149,7 +150,7 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
     facts = {"kv_pool_tokens": kv_tokens, "kv_pool_gib": plan.memory.kv.pool_bytes / 2**30,
              "kv_bytes_per_token": plan.memory.kv.bytes_per_token, "weights_bytes": plan.memory.weights_bytes_per_rank,
              "limits": build.settings.limits.model_dump(), "serving": build.settings.serving.model_dump()}
-    for name in ("cb", "cb-stub", "cb-inline", "cb-proc", "cb-nocudnn", "defaults", "static"):
+    for name in ("cb", "cb-stub", "cb-inline", "cb-proc", "cb-nocudnn", "cb-graphs", "defaults", "static"):
         out = work / f"repo-{name}"  # regenerated every time: a stale copy would measure old templates
         if out.exists():
             import shutil
@@ -166,6 +167,8 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
             llm.set("response_dispatch", "inline" if name == "cb-inline" else "thread", "bench: who sends")
         if name == "cb-proc":
             llm.set("engine_process", "true", "bench: the generation loop in its own process")
+        if name == "cb-graphs":
+            llm.set("cuda_graph_mode", "true", "bench: CUDA graphs on (transformers pads batches to fixed sizes)")
         if name == "cb-nocudnn":
             llm.set("sdpa_backends", "flash,mem_efficient,math", "bench: torch may not pick cuDNN attention")
         write_repository(rp, out)
@@ -428,8 +431,9 @@ def _ms(x):
 
 # ---------------------------------------------------------------------------------------------- driver
 SERVED_REPOS = {"served": "cb", "stub": "cb-stub", "inline": "cb-inline", "proc": "cb-proc", "nocudnn": "cb-nocudnn",
-                "static": "static", "defaults": "defaults"}
-INPROC_REPOS = {"inproc": "cb", "inproc-defaults": "defaults", "inproc-nocudnn": "cb-nocudnn"}
+                "graphs": "cb-graphs", "static": "static", "defaults": "defaults"}
+INPROC_REPOS = {"inproc": "cb", "inproc-defaults": "defaults", "inproc-nocudnn": "cb-nocudnn",
+                "inproc-graphs": "cb-graphs"}
 NAMES = {**{ph: f"served-{repo}" for ph, repo in SERVED_REPOS.items()},
          **{ph: f"inproc-{repo}" for ph, repo in INPROC_REPOS.items()}}
 """phase -> the key of its results in bench-<tag>.json (as h200_tables.py reads them)."""
@@ -456,8 +460,8 @@ def main(argv=None) -> int:
                     help="llama8b: the 8B-shaped random model; smollm2: the real SmolLM2-135M, built by trtpipe")
     ap.add_argument("--tokenizer", type=Path, default=None, help="SmolLM2 tokenizer folder (--model llama8b)")
     ap.add_argument("--phases", default="engine,repos,bandwidth,inproc,served",
-                    help="comma list of: engine repos bandwidth inproc inproc-defaults inproc-nocudnn served stub "
-                         "inline proc nocudnn static defaults quant")
+                    help="comma list of: engine repos bandwidth inproc inproc-defaults inproc-nocudnn "
+                         "inproc-graphs served stub inline proc nocudnn graphs static defaults quant")
     ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
     ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests per point, not measured")

@@ -92,9 +92,11 @@ run_session5() {  # the fifth session's run (then `served` was the loop in the s
 
 run_next() {  # not yet run. Every point twice in a row: the first visit of a shape is cold, the second warm
   # (fifth session: in-process 128/128 at 32 users gave 370, then 1,057 and 986 tok/s in one process).
-  # 1. is cuDNN attention's per-shape plan the cold cost? in-process with and without it (~6 min)
-  bench cb engine,repos,bandwidth,inproc,inproc-nocudnn "128/128:32,32;467/256:32,32"
+  # 1. is cuDNN attention's per-shape plan the cold cost, and do CUDA graphs (fixed padded shapes) avoid
+  #    it? in-process as planned, without cuDNN attention, with graphs (~8 min)
+  bench cb engine,repos,bandwidth,inproc,inproc-nocudnn,inproc-graphs "128/128:32,32;467/256:32,32"
   # 2. served: the default (engine process) vs the same without cuDNN attention vs the loop in the stub
+  #    (put `graphs` here instead of `nocudnn` if step 1 says graphs are the better fix)
   bench served served,nocudnn,stub "128/128:32,32,8,8,1,1,128,128;467/256:32,32"
   # 3. planner vs library defaults, warm; 4. the static baseline, cold and warm
   bench defaults defaults,served "128/128:32,32,128,128;467/256:32,32"

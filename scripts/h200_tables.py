@@ -23,11 +23,12 @@ from bench_h200 import floor  # noqa: E402  (the floor formula of the run itself
 
 CONFIGS = [("served CB, dispatcher thread", "served-cb"), ("served CB, loop in the stub, dispatcher thread", "served-cb-stub"),
            ("served CB, inline dispatch", "served-cb-inline"), ("served CB, engine process", "served-cb-proc"),
-           ("served CB, no cuDNN attention", "served-cb-nocudnn"),
+           ("served CB, no cuDNN attention", "served-cb-nocudnn"), ("served CB, CUDA graphs", "served-cb-graphs"),
            ("in-process CB (same runtime + settings)", "inproc-cb"), ("in-process CB, no cuDNN attention", "inproc-cb-nocudnn"),
+           ("in-process CB, CUDA graphs", "inproc-cb-graphs"),
            ("served static `generate` (baseline)", "served-static"),
            ("served CB, library defaults", "served-defaults"), ("in-process CB, library defaults", "inproc-defaults")]
-SERVED = ("served-cb", "served-cb-stub", "served-cb-inline", "served-cb-proc", "served-cb-nocudnn")
+SERVED = ("served-cb", "served-cb-stub", "served-cb-inline", "served-cb-proc", "served-cb-nocudnn", "served-cb-graphs")
 VISIT = ("cold", "warm")  # first visit of a point's shape in its server / process, then later visits
 CONCS = (1, 8, 32, 64, 128)
 
