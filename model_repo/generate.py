@@ -24,6 +24,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.errors import Problem, StageError
+from pipeline.plan import PORTABLE_RUNTIME_CHOICES
 from pipeline.fsutil import atomic_dir
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -376,22 +377,9 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     else:
         llm.set("max_tokens_in_paged_kv_cache", bc["max_batch_size"] * bc["max_seq_len"],
                 "plan: max_batch_size x max_seq_len (every slot can hold a full sequence)")
-    llm.set("cuda_graph_mode", "auto", "transformers decides (graphs for the decode and varlen paths on GPU)")
-    llm.set("async_batching", "false", "the per-request sampling processors (sampling.py) need synchronous batching; "
-            "on GPU transformers' async double-buffering was also far slower on the H200 (docs/benchmarks/h200.md)")
-    llm.set("library_defaults", "false", "the planner's settings, not transformers' own sizing")
     if s.runtime == "pytorch":
-        llm.set("engine_process", "true", "the generation loop runs in its own process (engine_worker.py), so "
-                "returning tokens does not share the stub's interpreter with it: on an H200 (8B shape) 1.25-1.7x the "
-                "output tok/s of the loop in the stub at 1-128 users (docs/benchmarks/h200.md, fifth session); "
-                "false: the loop in the stub, responses sent per response_dispatch")
-        llm.set("engine_python", "", "the worker's python (empty: one of the stub's Python version: its "
-                "interpreter, the one under its prefix, or on PATH)")
-        llm.set("sdpa_backends", "auto", "torch picks the attention kernel (a comma list of flash, mem_efficient, "
-                "math, cudnn restricts it, process-wide where the generation loop runs)")
-        llm.set("response_dispatch", "thread", "engine_process false only: a dispatcher thread sends the responses, "
-                "so each send's round trip to the server overlaps the next step ('inline': the generation thread sends "
-                "them between steps; measured against each other in docs/benchmarks/h200.md)")
+        for name, value, reason in PORTABLE_RUNTIME_CHOICES:
+            llm.set(name, value, f"plan: runtime_settings.{name}: {reason}")
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")

@@ -91,6 +91,60 @@ class PluginEntry(_Frozen):
     implicit: bool
 
 
+class RuntimeSetting(_Frozen):
+    """One setting of the portable runtime's continuous batching, as config.pbtxt will hold it."""
+
+    name: str
+    value: str
+    reason: str
+
+
+# The portable (pytorch) runtime's fixed choices and why: plan.json's runtime_settings and the
+# tensorrt_llm model's config.pbtxt parameters (model_repo.generate) both take them from here.
+# Measurements: docs/benchmarks/h200.md.
+PORTABLE_RUNTIME_CHOICES: tuple[tuple[str, str, str], ...] = (
+    ("cuda_graph_mode", "auto", "transformers decides (on the H200 it used no graphs for the paged SDPA path; "
+     "with its default 90% KV share, graph warm-up ran out of memory there; docs/benchmarks/h200.md)"),
+    ("async_batching", "false", "the per-request sampling processors (sampling.py) need synchronous batching; "
+     "on the H200 transformers' async double-buffering was also far slower (docs/benchmarks/h200.md)"),
+    ("library_defaults", "false", "the planner's sizes (KV pool, blocks, batch token budget), not transformers' "
+     "own: on the H200 not slower beyond the run-to-run spread at 8 of 9 paired points (docs/benchmarks/h200.md)"),
+    ("engine_process", "true", "the generation loop in its own process (engine_worker.py), so returning tokens "
+     "does not share the stub's interpreter with it: on the H200 (8B shape) 1.25-1.7x the output tok/s of the "
+     "loop in the stub at 1-128 users (docs/benchmarks/h200.md); false: the loop in the stub, responses sent per "
+     "response_dispatch"),
+    ("engine_python", "", "the worker's python (empty: one of the stub's Python version: its interpreter, the "
+     "one under its prefix, or on PATH)"),
+    ("sdpa_backends", "auto", "torch picks the attention kernel (a comma list of flash, mem_efficient, math, "
+     "cudnn restricts it, process-wide where the generation loop runs)"),
+    ("response_dispatch", "thread", "engine_process false only: a dispatcher thread sends the responses, so each "
+     "send's round trip overlaps the next step ('inline': the generation thread sends them between steps)"),
+)
+
+
+def portable_runtime_settings(lim, kv: "KVPlan", gpu: bool, kv_cap: Optional[int]) -> list[RuntimeSetting]:
+    """The pytorch runtime's continuous-batching settings with their reasons (plan.json runtime_settings)."""
+    if kv_cap is not None:
+        kv_reason = "spec: serving.max_tokens_in_paged_kv_cache"
+        tokens = kv_cap
+    elif gpu:
+        kv_reason = (f"plan: memory.kv ({kv.pool_source}), allocated once at load like the TensorRT-LLM backend's "
+                     "pool, instead of transformers measuring free memory itself")
+        tokens = kv.capacity_tokens
+    else:
+        kv_reason = "limits.max_batch_size x limits.max_seq_len: every slot can hold a full sequence"
+        tokens = lim.max_batch_size * lim.max_seq_len
+    fixed = [
+        ("max_tokens_in_paged_kv_cache", tokens, kv_reason),
+        ("tokens_per_block", lim.tokens_per_block, "limits.tokens_per_block: the paged cache's block size"),
+        ("max_num_tokens", lim.max_num_tokens, "limits.max_num_tokens: tokens one generation step may schedule "
+                                               "(transformers' max_batch_tokens)"),
+        ("max_batch_size", lim.max_batch_size, "limits.max_batch_size: requests one step may hold "
+                                               "(transformers' max_requests_per_batch)"),
+    ]
+    return [RuntimeSetting(name=n, value=str(v), reason=r) for n, v, r in (*fixed, *PORTABLE_RUNTIME_CHOICES)]
+
+
 class KVPlan(_Frozen):
     """The paged KV cache of one rank."""
 
@@ -169,6 +223,8 @@ class Plan(_Frozen):
     limits: dict[str, int]
     memory: MemoryPlan
     plugins: list[PluginEntry]
+    runtime_settings: list[RuntimeSetting] = []
+    """The pytorch runtime's continuous-batching settings and why (empty for the TensorRT-LLM runtimes)."""
     plugins_apply: bool
     """True when the runtime builds a TensorRT engine (trtllm); otherwise the list is informative."""
     warnings: list[str]
@@ -395,6 +451,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 gpus_available=gpn * par.num_nodes if target.kind == "gpu" else 1, target_sm=target.sm,
                 target_memory_gib=target.memory_gib, model=shape, vocab_padded=vocab_padded,
                 limits=lim.model_dump(), memory=memory, plugins=plugins, plugins_apply=s.runtime == "trtllm",
+                runtime_settings=(portable_runtime_settings(lim, kv, target.kind == "gpu", cap)
+                                  if s.runtime == "pytorch" else []),
                 warnings=warnings)
 
 

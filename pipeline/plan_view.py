@@ -11,7 +11,7 @@ from pipeline.plan import Plan, human_bytes
 
 
 def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
-    """Print the plan: build summary, memory per rank, KV pool, plugins, warnings."""
+    """Print the plan: build summary, memory per rank, KV pool, plugins, runtime settings, warnings."""
     con = console or Console()
     m, kv = plan.memory, plan.memory.kv
     head = Table(title=f"plan: {plan.build} on {plan.target}", show_header=False, title_justify="left")
@@ -70,5 +70,14 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
     for p in plan.plugins:
         pt.add_row(p.flag + (" (implicit)" if p.implicit else ""), p.value, p.reason)
     con.print(pt)
+    if plan.runtime_settings:
+        rt = Table(title=f"runtime settings ({plan.runtime}: transformers continuous batching; "
+                         "written to tensorrt_llm/config.pbtxt)", title_justify="left")
+        rt.add_column("setting")
+        rt.add_column("value")
+        rt.add_column("reason")
+        for r in plan.runtime_settings:
+            rt.add_row(r.name, r.value or '""', r.reason)
+        con.print(rt)
     for w in plan.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")

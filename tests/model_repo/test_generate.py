@@ -178,3 +178,27 @@ def test_consistent_trtllm_engine_plans(trtllm_engine, tmp_path):
     assert configs["tensorrt_llm"].dynamic_batching.default_queue_policy is not None
     pre = {k: v.string_value for k, v in configs["preprocessing"].parameters.items()}
     assert pre["end_id"] == "2" and pre["stop_token_ids"] == "0"
+
+
+@pytest.mark.parametrize("target", ["cpu", "h200"])
+def test_plan_runtime_settings_are_what_the_repository_holds(fake_engine, tmp_path, target):
+    """plan.json's runtime_settings (what `trtpipe plan` shows, with reasons) and the tensorrt_llm
+    config.pbtxt parameters agree value for value; on a GPU the KV pool is the plan's."""
+    from pipeline.plan import compute_plan
+    from tests.pipeline.conftest import hf_config
+
+    build = load_spec(REPO_ROOT / "configs/builds/bench-h200-smollm2.yaml", target,
+                      {"runtime": "pytorch", "limits": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048,
+                                                        "max_num_tokens": 2048, "tokens_per_block": 32}})
+    plan = compute_plan(build, get_target(target), hf_config("smollm2-135m"))
+    settings = {r.name: r.value for r in plan.runtime_settings}
+    assert {"max_tokens_in_paged_kv_cache", "tokens_per_block", "engine_process", "cuda_graph_mode"} <= set(settings)
+    assert all(r.reason for r in plan.runtime_settings)
+    rp = plan_repository(build, get_target(target), fake_engine, sys_path=["/site"],
+                         kv_pool_tokens=plan.memory.kv.capacity_tokens)
+    write_repository(rp, tmp_path / "repo")
+    params = {k: v.string_value for k, v in parse_config(
+        (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm").parameters.items()}
+    assert {k: params[k] for k in settings} == settings
+    if target == "h200":
+        assert settings["max_tokens_in_paged_kv_cache"] == str(plan.memory.kv.capacity_tokens)
