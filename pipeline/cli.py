@@ -161,7 +161,7 @@ def _server_config(args, build):
                                getattr(args, "model_repo", None) else "run `make build-engine` first"))
     return ServerConfig(model_repository=repo, http_port=args.http_port or sv.http_port,
                         grpc_port=args.grpc_port or sv.grpc_port, metrics_port=args.metrics_port or sv.metrics_port,
-                        address=args.address, log_file=out / "tritonserver.log", ready_timeout_s=args.timeout,
+                        address=args.address, log_file=repo.parent / "tritonserver.log", ready_timeout_s=args.timeout,
                         python_path=default_sys_path(), runtime=build.settings.runtime,
                         world_size=build.settings.parallelism.tp_size * build.settings.parallelism.pp_size)
 
@@ -210,6 +210,10 @@ def cmd_stop(args) -> int:
         print(f"stopped, forcibly: tritonserver did not finish its in-flight requests within its exit timeout "
               f"(e.g. a cancelled ensemble request still generating); {result['stubs_killed']} leftover "
               "Python-backend stub(s) killed")
+    elif result.get("wait_s", 0) > 25:
+        print(f"stopped after {result['wait_s']:.0f} s: tritonserver waited out its exit timeout (30 s) because a "
+              "model did not unload (seen intermittently with the ensemble after ordinary requests; its log says "
+              "'failed to stop server')")
     else:
         print("stopped")
     return 0
@@ -346,7 +350,7 @@ def make_parser() -> argparse.ArgumentParser:
             sp.add_argument("--model-repo", type=Path, default=None, metavar="DIR",
                             help="serve this repository instead of the build's model_repo (e.g. an edited copy, "
                                  "with a tensorrt_llm parameter changed); ports and settings still come from "
-                                 "the build, and `trtpipe stop` stops it")
+                                 "the build, `trtpipe stop` stops it, and its log goes to tritonserver.log beside DIR")
         sp.set_defaults(func=func)
 
     q = sub.add_parser("query", help="stream an answer to a chat prompt through the ensemble (gRPC)")

@@ -71,8 +71,10 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
         pt.add_row(p.flag + (" (implicit)" if p.implicit else ""), p.value, p.reason)
     con.print(pt)
     if plan.runtime_settings:
-        rt = Table(title=f"runtime settings ({plan.runtime}: transformers continuous batching; "
-                         "written to tensorrt_llm/config.pbtxt)", title_justify="left")
+        rt = Table(title=f"runtime settings ({plan.runtime}: transformers continuous batching), as "
+                         "tensorrt_llm/config.pbtxt will hold them: limits.* and serving.* come from the build file, "
+                         "the others are parameters there (edit a copy, serve it with `trtpipe serve --model-repo`)",
+                   title_justify="left")
         rt.add_column("setting")
         rt.add_column("value")
         rt.add_column("reason")

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -196,16 +197,40 @@ def command(cfg: ServerConfig) -> list[str]:
             "--log-info=true", *cfg.extra_args]
 
 
-def diagnose(log_text: str) -> list[str]:
-    """Known-failure suggestions for a server log (in table order, each once)."""
+# What tritonserver logs on every start on a host without a GPU (pinned memory, the ensemble's CUDA
+# stream, NVML): no cause of a failure there, so neither a relevant line nor a hint for CPU repositories.
+NO_GPU_NOISE = ("CUDA driver version is insufficient", "Failed to initialize NVML", "no CUDA-capable device")
+
+
+def diagnose(log_text: str, gpu: bool | None = None) -> list[str]:
+    """Known-failure suggestions for a server log (in table order, each once). ``gpu`` False (a repository
+    that serves on the CPU) leaves out the GPU-only ones, whose messages every CPU start logs."""
     low = log_text.lower()
-    return [f"{pat!r} in the log -> {fix}" for pat, fix in KNOWN_FAILURES if pat.lower() in low]
+    return [f"{pat!r} in the log -> {fix}" for pat, fix in KNOWN_FAILURES if pat.lower() in low
+            and not (gpu is False and pat in NO_GPU_NOISE)]
 
 
-def _failing_lines(log_text: str, limit: int = 25) -> str:
+def _failing_lines(log_text: str, limit: int = 25, gpu: bool | None = None) -> str:
+    """The log's error-looking lines, each once (the last ``limit``); on a CPU repository without the
+    no-GPU noise."""
     keys = ("error", "failed", "traceback", "exception", "unavailable", "not found", "no module")
-    lines = [ln for ln in log_text.splitlines() if any(k in ln.lower() for k in keys)]
+    lines = [ln for ln in log_text.splitlines() if any(k in ln.lower() for k in keys)
+             and not (gpu is False and any(n.lower() in ln.lower() for n in NO_GPU_NOISE))]
+    lines = list(dict.fromkeys(lines))
     return "\n".join(lines[-limit:]) or "\n".join(log_text.splitlines()[-limit:])
+
+
+def repository_device(model_repository: Path) -> str | None:
+    """The device the repository's tensorrt_llm model serves on ("cpu", "cuda"; the C++ tensorrtllm
+    backend: "cuda"), or None when its config does not say."""
+    try:
+        text = (model_repository / "tensorrt_llm" / "config.pbtxt").read_text()
+    except OSError:
+        return None
+    if 'backend: "tensorrtllm"' in text:
+        return "cuda"
+    m = re.search(r'key: "device"\s+value: \{\s*string_value: "(\w+)"', text)
+    return m.group(1) if m else None
 
 
 class TritonServer:
@@ -280,8 +305,10 @@ class TritonServer:
 
     def _raise(self, headline: str) -> None:
         text = self._log_text()
-        hints = diagnose(text)
-        msg = [headline, f"log: {self.log_path}", "relevant log lines:", _failing_lines(text)]
+        device = repository_device(self.cfg.model_repository)
+        gpu = None if device is None else device != "cpu"
+        hints = diagnose(text, gpu)
+        msg = [headline, f"log: {self.log_path}", "relevant log lines:", _failing_lines(text, gpu=gpu)]
         if hints:
             msg += ["suggested fixes:"] + [f"  - {h}" for h in hints]
         raise ServerError("\n".join(msg))
@@ -315,7 +342,8 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
     that is still alive. Stubs outlive a server that gave up unloading a busy model (e.g. an ensemble
     request still generating) and ignore SIGTERM; each holds a model and its memory.
 
-    Returns {"forced": the server had to be killed or left stubs behind, "stubs_killed": count}.
+    Returns {"forced": the server had to be killed or left stubs behind, "stubs_killed": count,
+    "wait_s": seconds until the server process ended}.
     """
     import psutil
 
@@ -324,7 +352,7 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
         stubs = server.children(recursive=True)
     except psutil.Error:
         return {"forced": False, "stubs_killed": 0}
-    forced = False
+    forced, t0 = False, time.monotonic()
     with contextlib.suppress(psutil.Error):
         server.terminate()
     try:
@@ -336,6 +364,7 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
             server.wait(10)
     except psutil.Error:
         pass
+    wait_s = time.monotonic() - t0
     _, alive = psutil.wait_procs(stubs, timeout=5)
     for p in alive:
         with contextlib.suppress(psutil.Error):
@@ -343,7 +372,7 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
     if alive:
         forced = True
         psutil.wait_procs(alive, timeout=5)
-    return {"forced": forced, "stubs_killed": len(alive)}
+    return {"forced": forced, "stubs_killed": len(alive), "wait_s": wait_s}
 
 
 def stop_from_state(path: Path, timeout: float = 40.0) -> dict | None:

@@ -297,7 +297,7 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
                        python_path=python_path, log_file=repo.parent / f"{repo.name}.log", ready_timeout_s=900)
     t0 = time.perf_counter()
     out = {"points": []}
-    with TritonServer(cfg):
+    with TritonServer(cfg) as server:
         out["ready_s"] = time.perf_counter() - t0
         for k, (isl, osl, conc, n) in enumerate(points):
             lt = LoadTestConfig(url=cfg.grpc_url, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
@@ -305,9 +305,9 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
                                 output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
                                 seed=seed + 1000 * k, request_timeout_s=300, drain_timeout_s=300,
                                 max_client_cpu=0.95)
-            cpu0, t_pt = _server_cpu(), time.perf_counter()
+            cpu0, t_pt = _server_cpu(server.proc.pid), time.perf_counter()
             rep = run_loadtest(lt)
-            cpu1, t_pt = _server_cpu(), time.perf_counter() - t_pt
+            cpu1, t_pt = _server_cpu(server.proc.pid), time.perf_counter() - t_pt
             p = rep["points"][0]
             s = p["summary"]
             out["points"].append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc,
@@ -321,28 +321,32 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
     return out
 
 
-def _server_cpu() -> dict:
-    """CPU seconds (user + system) so far of tritonserver, of each Python-backend stub by model, and of the
-    pytorch runtime's engine worker process (engine_process true)."""
+def _server_cpu(pid: int) -> dict:
+    """CPU seconds (user + system) so far of the tritonserver ``pid``, of each of its Python-backend stubs by
+    model, and of the pytorch runtime's engine worker process (engine_process true); other servers on the
+    machine are not counted."""
     try:
         import psutil
     except ImportError:
         return {}
     out = {}
-    for proc in psutil.process_iter(["name", "cmdline", "cpu_times"]):
+    try:
+        server = psutil.Process(pid)
+        procs = [server, *server.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    for proc in procs:
         try:
-            cmd = " ".join(proc.info["cmdline"] or [])
+            name, argv, t = proc.name(), proc.cmdline(), proc.cpu_times()
+            cmd = " ".join(argv)
             if "engine_worker.py" in cmd:
                 key = "engine_worker"
             elif "triton_python_backend_stub" in cmd:
-                model = next((part.split("/")[-3] for part in proc.info["cmdline"] if part.endswith("/model.py")),
-                             "?")
-                key = f"stub:{model}"
-            elif (proc.info["name"] or "").startswith("tritonserver"):
+                key = "stub:" + next((part.split("/")[-3] for part in argv if part.endswith("/model.py")), "?")
+            elif name.startswith("tritonserver"):
                 key = "tritonserver"
             else:
                 continue
-            t = proc.info["cpu_times"]
             out[key] = out.get(key, 0.0) + t.user + t.system
         except (psutil.Error, TypeError):
             continue

@@ -284,3 +284,23 @@ def test_serve_model_repo_that_is_not_a_repository_is_refused_before_starting(tm
     err = capsys.readouterr().err
     assert rc != 0
     assert str(tmp_path) in err and "tensorrt_llm/config.pbtxt missing" in err
+
+
+def test_serve_model_repo_logs_beside_the_copy(tmp_path):
+    """A served copy of a repository logs beside the copy, not over the build's own server log."""
+    import argparse
+
+    from pipeline.cli import _build_path, _resolve, _server_config
+
+    copy = tmp_path / "edited" / "model_repo"
+    (copy / "tensorrt_llm").mkdir(parents=True)
+    (copy / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\n')
+    args = argparse.Namespace(build=ROOT / "configs/builds/smollm2-135m.yaml", target="cpu", quant=None,
+                              out=tmp_path / "out", model_repo=copy, http_port=None, grpc_port=None,
+                              metrics_port=None, address="127.0.0.1", timeout=60)
+    build = _resolve(args)
+    assert _server_config(args, build).log_file == tmp_path / "edited" / "tritonserver.log"
+    args.model_repo = None
+    (_build_path(args, build) / "model_repo" / "tensorrt_llm").mkdir(parents=True)
+    (_build_path(args, build) / "model_repo" / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\n')
+    assert _server_config(args, build).log_file == _build_path(args, build) / "tritonserver.log"

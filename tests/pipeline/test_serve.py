@@ -33,6 +33,9 @@ def test_known_failures_map_to_fixes():
     hints = diagnose("E1130 ... ModuleNotFoundError: No module named 'transformers'")
     assert len(hints) == 1 and "TRTPIPE_PYTHONPATH" in hints[0]
     assert diagnose("all good") == []
+    # what every start on a host without a GPU logs is a hint for a GPU repository only
+    noise = 'E1130 ensemble_scheduler.cc] "unable to create stream for ensemble: CUDA driver version is insufficient"'
+    assert diagnose(noise, gpu=True) and diagnose(noise) and diagnose(noise, gpu=False) == []
 
 
 @pytest.mark.e2e
@@ -51,3 +54,7 @@ def test_model_that_fails_to_load_is_named_with_its_log(built_default, tmp_path)
     msg = str(err.value)
     assert "gpt_model_path" in msg and "tensorrt_llm" in msg
     assert "suggested fixes" in msg
+    # a CPU repository: no GPU-absence noise among the lines or the fixes, and each line once
+    relevant = msg.split("relevant log lines:\n")[1].split("\nsuggested fixes:")[0].splitlines()
+    assert len(relevant) == len(set(relevant)) and relevant
+    assert "CUDA driver version" not in msg and "NVML" not in msg
