@@ -342,14 +342,18 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
     that is still alive. Stubs outlive a server that gave up unloading a busy model (e.g. an ensemble
     request still generating) and ignore SIGTERM; each holds a model and its memory.
 
+    Killed stubs cannot release their shared-memory regions: those named on their command lines are
+    removed from /dev/shm once server and stubs are gone.
+
     Returns {"forced": the server had to be killed or left stubs behind, "stubs_killed": count,
-    "wait_s": seconds until the server process ended}.
+    "wait_s": seconds until the server process ended, "shm_removed": region files removed}.
     """
     import psutil
 
     try:
         server = psutil.Process(pid)
         stubs = server.children(recursive=True)
+        regions = {arg: p for p in stubs for arg in _cmdline(p) if arg.startswith("triton_python_backend_shm_region")}
     except psutil.Error:
         return {"forced": False, "stubs_killed": 0}
     forced, t0 = False, time.monotonic()
@@ -369,10 +373,23 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
+    removed = 0
     if alive:
         forced = True
         psutil.wait_procs(alive, timeout=5)
-    return {"forced": forced, "stubs_killed": len(alive), "wait_s": wait_s}
+        for name, proc in regions.items():
+            if proc in alive and not server.is_running():
+                with contextlib.suppress(OSError):
+                    (Path("/dev/shm") / name).unlink()
+                    removed += 1
+    return {"forced": forced, "stubs_killed": len(alive), "wait_s": wait_s, "shm_removed": removed}
+
+
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except Exception:  # psutil.Error: gone or not ours
+        return []
 
 
 def stop_from_state(path: Path, timeout: float = 40.0) -> dict | None:

@@ -364,7 +364,11 @@ def test_stop_ends_a_busy_server_and_its_stubs(engine_dir, tmp_path):
         assert got.get(timeout=120)[1] is None
     stubs = psutil.Process(server.proc.pid).children(recursive=True)
     assert stubs, "no Python-backend stubs found under tritonserver"
+    regions = [a for p in stubs for a in p.cmdline() if a.startswith("triton_python_backend_shm_region")]
     result = server.stop()  # the stream is still open and generating
     client.close()
     assert result["forced"] and result["stubs_killed"] >= 1 and result["wait_s"] >= 25, result
     assert not [p.pid for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    # the killed stubs' shared-memory regions do not stay behind in /dev/shm
+    assert regions and result["shm_removed"] >= 1
+    assert not [r for r in regions if (Path("/dev/shm") / r).exists()], regions
