@@ -24,8 +24,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from pipeline.errors import Problem, StageError
-from pipeline.plan import PORTABLE_RUNTIME_CHOICES
 from pipeline.fsutil import atomic_dir
+from pipeline.plan import PORTABLE_RUNTIME_CHOICES, portable_kv_tokens
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -366,17 +366,9 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     llm.set("engine_max_batch_size", bc["max_batch_size"], f"{engine_src}.max_batch_size")
     for key in ("max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width", "tokens_per_block"):
         llm.set(key, bc[key], f"{engine_src}.{key}")
-    kv = s.serving.max_tokens_in_paged_kv_cache
-    gpu = target.kind == "gpu"
-    if kv:
-        llm.set("max_tokens_in_paged_kv_cache", kv, "spec: serving.max_tokens_in_paged_kv_cache")
-    elif gpu and kv_pool_tokens:
-        llm.set("max_tokens_in_paged_kv_cache", kv_pool_tokens,
-                "plan: memory.kv.capacity_tokens (serving.kv_cache_free_gpu_mem_fraction of the GPU memory left "
-                "after weights and activations; allocated once, like the TensorRT-LLM backend's pool)")
-    else:
-        llm.set("max_tokens_in_paged_kv_cache", bc["max_batch_size"] * bc["max_seq_len"],
-                "plan: max_batch_size x max_seq_len (every slot can hold a full sequence)")
+    llm.set("max_tokens_in_paged_kv_cache", *portable_kv_tokens(
+        bc["max_batch_size"], bc["max_seq_len"], s.serving.max_tokens_in_paged_kv_cache,
+        kv_pool_tokens if target.kind == "gpu" else None))
     if s.runtime == "pytorch":
         for name, value, reason in PORTABLE_RUNTIME_CHOICES:
             llm.set(name, value, f"plan: runtime_settings.{name}: {reason}")

@@ -122,18 +122,24 @@ PORTABLE_RUNTIME_CHOICES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+def portable_kv_tokens(max_batch_size: int, max_seq_len: int, kv_cap: Optional[int],
+                       pool_tokens: Optional[int]) -> tuple[int, str]:
+    """KV slots (tokens) the pytorch runtime allocates, and where the number comes from: the spec's cap,
+    else the planner's pool on a GPU (``pool_tokens``, memory.kv.capacity_tokens; None on CPU), else
+    max_batch_size x max_seq_len. One rule for plan.json and config.pbtxt."""
+    if kv_cap:
+        return kv_cap, "spec: serving.max_tokens_in_paged_kv_cache"
+    if pool_tokens:
+        return pool_tokens, ("plan: memory.kv.capacity_tokens (serving.kv_cache_free_gpu_mem_fraction of the GPU "
+                             "memory left after weights and activations; allocated once, like the TensorRT-LLM "
+                             "backend's pool)")
+    return max_batch_size * max_seq_len, "plan: max_batch_size x max_seq_len (every slot can hold a full sequence)"
+
+
 def portable_runtime_settings(lim, kv: "KVPlan", gpu: bool, kv_cap: Optional[int]) -> list[RuntimeSetting]:
     """The pytorch runtime's continuous-batching settings with their reasons (plan.json runtime_settings)."""
-    if kv_cap is not None:
-        kv_reason = "spec: serving.max_tokens_in_paged_kv_cache"
-        tokens = kv_cap
-    elif gpu:
-        kv_reason = (f"plan: memory.kv ({kv.pool_source}), allocated once at load like the TensorRT-LLM backend's "
-                     "pool, instead of transformers measuring free memory itself")
-        tokens = kv.capacity_tokens
-    else:
-        kv_reason = "limits.max_batch_size x limits.max_seq_len: every slot can hold a full sequence"
-        tokens = lim.max_batch_size * lim.max_seq_len
+    tokens, kv_reason = portable_kv_tokens(lim.max_batch_size, lim.max_seq_len, kv_cap,
+                                           kv.capacity_tokens if gpu else None)
     fixed = [
         ("max_tokens_in_paged_kv_cache", tokens, kv_reason),
         ("tokens_per_block", lim.tokens_per_block, "limits.tokens_per_block: the paged cache's block size"),

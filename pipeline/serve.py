@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -223,14 +222,16 @@ def _failing_lines(log_text: str, limit: int = 25, gpu: bool | None = None) -> s
 def repository_device(model_repository: Path) -> str | None:
     """The device the repository's tensorrt_llm model serves on ("cpu", "cuda"; the C++ tensorrtllm
     backend: "cuda"), or None when its config does not say."""
+    from model_repo.generate import parse_config
+
+    path = model_repository / "tensorrt_llm" / "config.pbtxt"
     try:
-        text = (model_repository / "tensorrt_llm" / "config.pbtxt").read_text()
-    except OSError:
+        cfg = parse_config(path.read_text(), str(path))
+    except (OSError, PipelineError):
         return None
-    if 'backend: "tensorrtllm"' in text:
+    if cfg.backend == "tensorrtllm":
         return "cuda"
-    m = re.search(r'key: "device"\s+value: \{\s*string_value: "(\w+)"', text)
-    return m.group(1) if m else None
+    return cfg.parameters["device"].string_value if "device" in cfg.parameters else None
 
 
 class TritonServer:

@@ -62,3 +62,14 @@ def test_restricted_attention_kernels_give_the_same_tokens(tiny_llama, restore_s
     math_only, info = _greedy(engine, dict(runtime_settings({"sdpa_backends": "math"}, BUILD), dir=str(tiny_llama)))
     assert info["sdpa_backends"] == ["math"] and not torch.backends.cuda.flash_sdp_enabled()
     assert math_only == tokens
+
+
+def test_cuda_without_a_gpu_is_refused_where_the_model_loads(tiny_llama):
+    """The check runs in build_manager, so it holds in the stub and in the engine worker alike."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    engine = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker_test")
+    with pytest.raises(RuntimeError, match="sees no GPU in the process that runs the generation loop"):
+        engine.build_manager(str(tiny_llama), runtime_settings({}, BUILD), "cuda", "float32")

@@ -38,6 +38,21 @@ def test_known_failures_map_to_fixes():
     assert diagnose(noise, gpu=True) and diagnose(noise) and diagnose(noise, gpu=False) == []
 
 
+def test_repository_device_from_the_tensorrt_llm_config(tmp_path):
+    from pipeline.serve import repository_device
+
+    assert repository_device(tmp_path) is None  # no repository
+    (tmp_path / "tensorrt_llm").mkdir()
+    cfg = tmp_path / "tensorrt_llm" / "config.pbtxt"
+    cfg.write_text('name: "tensorrt_llm"\nbackend: "tensorrtllm"\n')
+    assert repository_device(tmp_path) == "cuda"
+    cfg.write_text('name: "tensorrt_llm"\nbackend: "python"\n'
+                   'parameters { key: "device" value: { string_value: "cpu" } }\n')
+    assert repository_device(tmp_path) == "cpu"
+    cfg.write_text("not a config {")
+    assert repository_device(tmp_path) is None
+
+
 @pytest.mark.e2e
 def test_model_that_fails_to_load_is_named_with_its_log(built_default, tmp_path):
     repo = tmp_path / "repo"

@@ -41,9 +41,15 @@ def build_manager(engine_dir, settings, device, dtype_name):
     Returns (manager, table, info): the sampling RequestTable the processors read, and
     {"default_end_ids", "pad_id", "vocab_size"} from the engine folder, "sdpa_backends" (the
     attention kernels torch may pick in this process, after settings["sdpa_backends"]).
+
+    Raises RuntimeError for device cuda where torch in this process sees no GPU.
     """
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if device == "cuda" and not torch.cuda.is_available():  # checked where the model is loaded
+        raise RuntimeError("device=cuda but torch sees no GPU in the process that runs the generation loop: "
+                           "check CUDA_VISIBLE_DEVICES and that this torch is a CUDA build")
 
     sampling = load_sampling()
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]

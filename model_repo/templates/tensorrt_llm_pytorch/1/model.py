@@ -238,7 +238,6 @@ class _EngineProcess:
 
 class TritonPythonModel:
     def initialize(self, args):
-        import torch
         cfg = _json.loads(args["model_config"])
         self.model_config = cfg
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
@@ -266,8 +265,6 @@ class TritonPythonModel:
                                           _param(cfg, "engine_python", ""))
             info = self.manager.info
         else:
-            if device == "cuda" and not torch.cuda.is_available():
-                raise pb_utils.TritonModelException("device=cuda but torch sees no GPU")
             self.manager, self.table, info = engine.build_manager(engine_dir, self.settings, device, dtype)
         self.default_end_ids, self.pad_id = info["default_end_ids"], info["pad_id"]
         self.exclude_input_default = _param(cfg, "exclude_input_in_output", "true") == "true"
