@@ -557,12 +557,18 @@ def env_info(device: str) -> dict:
 
     info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": platform.python_version(),
             "host": platform.node(), "cpus": os.cpu_count()}
-    for pkg in ("torch", "transformers", "numpy", "tritonclient", "nvidia-modelopt", "nvidia-pytriton"):
+    for pkg in ("torch", "transformers", "numpy", "tritonclient", "nvidia-modelopt", "nvidia-pytriton", "flash-attn",
+                "kernels"):  # the last two: whether transformers' flash paged attention could run at all
         try:
             info[pkg] = version(pkg)
         except PackageNotFoundError:
             info[pkg] = None
     if device == "cuda":
+        import torch
+
+        info["sdpa_backends_enabled"] = {  # torch's global switches (the runtime may narrow them: sdpa_backends)
+            "flash": torch.backends.cuda.flash_sdp_enabled(), "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled(), "math": torch.backends.cuda.math_sdp_enabled()}
         try:
             info["nvidia_smi"] = subprocess.run(
                 ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem",

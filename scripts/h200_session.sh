@@ -90,17 +90,17 @@ run_session5() {  # the fifth session's run (then `served` was the loop in the s
     --work "$W-smollm2" || echo "smollm2 skipped: carry not ready"
 }
 
-run_next() {  # not yet run. Every point twice in a row: the first visit of a shape is cold, the second warm
+run_next() {  # sixth session. Every point twice in a row: the first visit of a shape is cold, the second warm
   # (fifth session: in-process 128/128 at 32 users gave 370, then 1,057 and 986 tok/s in one process).
-  # 1. is cuDNN attention's per-shape plan the cold cost, and do CUDA graphs (fixed padded shapes) avoid
-  #    it? in-process as planned, without cuDNN attention, with graphs (~8 min)
-  bench cb engine,repos,bandwidth,inproc,inproc-nocudnn,inproc-graphs "128/128:32,32;467/256:32,32"
-  # 2. served: the default (engine process) vs the same without cuDNN attention vs the loop in the stub
-  #    (put `graphs` here instead of `nocudnn` if step 1 says graphs are the better fix)
-  bench served served,nocudnn,stub "128/128:32,32,8,8,1,1,128,128;467/256:32,32"
-  # 3. planner vs library defaults, warm; 4. the static baseline, cold and warm
-  bench defaults defaults,served "128/128:32,32,128,128;467/256:32,32"
-  bench static static "128/128:32,32,8,8,1,1,128,128;467/256:32,32"
+  P="128/128:32,32;467/256:32,32"
+  # 1. is cuDNN attention's per-shape plan the cold cost, and do CUDA graphs (fixed padded shapes) avoid it?
+  #    in-process as planned, without cuDNN attention, with graphs (~9 min)
+  bench cb engine,repos,bandwidth,inproc,inproc-nocudnn,inproc-graphs "$P"
+  # 2. served, same three (the default is the engine process) (~8 min)
+  bench served served,nocudnn,graphs "$P" --phase-timeout 420
+  # 3. the static baseline and the library defaults, cold and warm (~3 min each)
+  bench static static "$P"
+  bench defaults defaults "$P"
 }
 
 run_all() {
