@@ -115,8 +115,11 @@ PORTABLE_RUNTIME_CHOICES: tuple[tuple[str, str, str], ...] = (
      "response_dispatch"),
     ("engine_python", "", "the worker's python (empty: one of the stub's Python version: its interpreter, the "
      "one under its prefix, or on PATH)"),
-    ("sdpa_backends", "auto", "torch picks the attention kernel (a comma list of flash, mem_efficient, math, "
-     "cudnn restricts it, process-wide where the generation loop runs)"),
+    ("sdpa_backends", "flash,mem_efficient,math", "every attention kernel but cuDNN's: on the H200 (8B shape) "
+     "cuDNN attention made the first visit of each batch shape up to 2.8x slower (per-shape plans) and served "
+     "traffic kept meeting new shapes; without it, served output tok/s was 1.12-1.22x at 32 and 128 users and "
+     "first visits ran as fast as later ones; 1 user was 0.70-0.75x, not explained (docs/benchmarks/h200.md, "
+     "sixth session). 'auto': torch's own choice, cuDNN included (process-wide where the generation loop runs)"),
     ("response_dispatch", "thread", "engine_process false only: a dispatcher thread sends the responses, so each "
      "send's round trip overlaps the next step ('inline': the generation thread sends them between steps)"),
 )

@@ -19,6 +19,15 @@ def test_sdpa_backends_setting(value, expected):
     assert runtime_settings({"sdpa_backends": value}, BUILD)["sdpa_backends"] == expected
 
 
+def test_default_attention_kernels_are_all_but_cudnn():
+    """The repository's default (plan.PORTABLE_RUNTIME_CHOICES, written into config.pbtxt) keeps torch from
+    cuDNN attention, whose per-shape plans made first visits of a batch shape slow on the H200."""
+    from pipeline.plan import PORTABLE_RUNTIME_CHOICES
+
+    params = {name: value for name, value, _ in PORTABLE_RUNTIME_CHOICES}
+    assert sorted(runtime_settings(params, BUILD)["sdpa_backends"]) == sorted(set(SDPA_BACKENDS) - {"cudnn"})
+
+
 def test_unknown_sdpa_backend_names_the_value_and_the_choices():
     with pytest.raises(ValueError) as err:
         runtime_settings({"sdpa_backends": "flash,fa3"}, BUILD)
