@@ -14,15 +14,16 @@ One run (each phase a subprocess, so GPU memory is returned between them):
              the generation loop in its own process), `cb-stub` (the same with engine_process false: the
              loop in the stub, a dispatcher thread sends), `cb-inline` (engine_process false,
              response_dispatch inline: the generation thread sends), `cb-proc` (engine_process true, as
-             cb; kept for the fifth session's runs), `cb-nocudnn` (cb with sdpa_backends
-             flash,mem_efficient,math: torch may not pick cuDNN attention), `cb-graphs` (cb with
+             cb; kept for the fifth session's runs), `cb-nocudnn` (sdpa_backends flash,mem_efficient,math:
+             torch may not pick cuDNN attention; the default since the sixth session), `cb-cudnn`
+             (sdpa_backends auto: torch's own choice, cuDNN included), `cb-graphs` (cb with
              cuda_graph_mode true: transformers pads batches to fixed sizes), `defaults` (cb with
-             transformers' own sizing), `static` (tensorrt_llm_static: plain `generate` on static
+             transformers' own sizing and torch's own attention choice), `static` (tensorrt_llm_static: plain `generate` on static
              padded batches).
   bandwidth  device-to-device copy bandwidth (bytes read + written).
   inproc     the same runtime called in-process with the ContinuousBatchingConfig built by the same
              function the served model uses (model_repo.runtime_config), same prompts, closed loop;
-             inproc-defaults / inproc-nocudnn / inproc-graphs: with the settings of that repository.
+             inproc-defaults / -nocudnn / -cudnn / -graphs: with the settings of that repository.
   Points may repeat (`128/128:32,32`): the first visit of a shape is cold, a later one warm (the
              fifth session found the first visit of a shape up to 3x slower in the same process).
   served     tritonserver per repository, then `trtpipe loadtest` closed loop (ignore-eos) per point.
@@ -150,7 +151,7 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
     facts = {"kv_pool_tokens": kv_tokens, "kv_pool_gib": plan.memory.kv.pool_bytes / 2**30,
              "kv_bytes_per_token": plan.memory.kv.bytes_per_token, "weights_bytes": plan.memory.weights_bytes_per_rank,
              "limits": build.settings.limits.model_dump(), "serving": build.settings.serving.model_dump()}
-    for name in ("cb", "cb-stub", "cb-inline", "cb-proc", "cb-nocudnn", "cb-graphs", "defaults", "static"):
+    for name in ("cb", "cb-stub", "cb-inline", "cb-proc", "cb-nocudnn", "cb-cudnn", "cb-graphs", "defaults", "static"):
         out = work / f"repo-{name}"  # regenerated every time: a stale copy would measure old templates
         if out.exists():
             import shutil
@@ -158,8 +159,9 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
             shutil.rmtree(out)
         rp = plan_repository(build, target, engine, sys_path=sys_path, kv_pool_tokens=kv_tokens)
         llm = next(m for m in rp.models if m.name == "tensorrt_llm")
-        if name == "defaults":
+        if name == "defaults":  # the library's own choices throughout, torch's attention kernel choice too
             llm.set("library_defaults", "true", "bench: transformers sizes the KV cache, blocks, batch and graphs")
+            llm.set("sdpa_backends", "auto", "bench: torch's own attention choice, cuDNN included")
         if name == "static":
             llm.template = "tensorrt_llm_static"
         if name in ("cb-stub", "cb-inline"):
@@ -171,6 +173,8 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
             llm.set("cuda_graph_mode", "true", "bench: CUDA graphs on (transformers pads batches to fixed sizes)")
         if name == "cb-nocudnn":
             llm.set("sdpa_backends", "flash,mem_efficient,math", "bench: torch may not pick cuDNN attention")
+        if name == "cb-cudnn":
+            llm.set("sdpa_backends", "auto", "bench: torch's own attention choice, cuDNN included")
         write_repository(rp, out)
     facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
     return facts
@@ -435,9 +439,9 @@ def _ms(x):
 
 # ---------------------------------------------------------------------------------------------- driver
 SERVED_REPOS = {"served": "cb", "stub": "cb-stub", "inline": "cb-inline", "proc": "cb-proc", "nocudnn": "cb-nocudnn",
-                "graphs": "cb-graphs", "static": "static", "defaults": "defaults"}
+                "cudnn": "cb-cudnn", "graphs": "cb-graphs", "static": "static", "defaults": "defaults"}
 INPROC_REPOS = {"inproc": "cb", "inproc-defaults": "defaults", "inproc-nocudnn": "cb-nocudnn",
-                "inproc-graphs": "cb-graphs"}
+                "inproc-cudnn": "cb-cudnn", "inproc-graphs": "cb-graphs"}
 NAMES = {**{ph: f"served-{repo}" for ph, repo in SERVED_REPOS.items()},
          **{ph: f"inproc-{repo}" for ph, repo in INPROC_REPOS.items()}}
 """phase -> the key of its results in bench-<tag>.json (as h200_tables.py reads them)."""
@@ -465,7 +469,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", type=Path, default=None, help="SmolLM2 tokenizer folder (--model llama8b)")
     ap.add_argument("--phases", default="engine,repos,bandwidth,inproc,served",
                     help="comma list of: engine repos bandwidth inproc inproc-defaults inproc-nocudnn "
-                         "inproc-graphs served stub inline proc nocudnn graphs static defaults quant")
+                         "inproc-cudnn inproc-graphs served stub inline proc nocudnn cudnn graphs static "
+                         "defaults quant")
     ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
     ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests per point, not measured")

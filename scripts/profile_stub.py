@@ -1,6 +1,7 @@
-"""Where the served `tensorrt_llm` model's Python-backend stub spends its time, under load.
+"""Where the served `tensorrt_llm` model's Python-backend stub (or its engine worker) spends its time, under load.
 
     python scripts/profile_stub.py REPO ENGINE --points 128/128:1,32 [--seconds 12] [--py-spy PATH]
+                                   [--process stub|worker]
 
 Starts tritonserver on REPO (a repository from `trtpipe build` or scripts/bench_h200.py), runs a closed
 loop at each point with `trtpipe loadtest`'s runner, and while it runs records the tensorrt_llm stub
@@ -36,6 +37,16 @@ def stub_pid(model: str = "tensorrt_llm") -> str:
     return pids[0]
 
 
+def worker_pid(stub: str) -> str:
+    """PID of the engine worker (engine_process true: tensorrt_llm/1/engine_worker.py, a child of the stub)."""
+    import psutil
+
+    for child in psutil.Process(int(stub)).children(recursive=True):
+        if any(arg.endswith("engine_worker.py") for arg in child.cmdline()):
+            return str(child.pid)
+    raise SystemExit(f"no engine worker under stub {stub}: is engine_process false in this repository?")
+
+
 def summarize(raw: Path, top: int = 12) -> dict:
     """py-spy raw (collapsed stacks 'thread;frame;...;frame count') -> samples per thread and top leaves."""
     threads, leaves = Counter(), Counter()
@@ -59,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--py-spy", default="py-spy")
     ap.add_argument("--python-path", default="", help="TRTPIPE_PYTHONPATH for the stub")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "build/profile"))
+    ap.add_argument("--process", choices=("stub", "worker"), default="stub",
+                    help="whom py-spy records: the tensorrt_llm stub, or its engine worker (engine_process true)")
     ap.add_argument("--inproc", action="store_true",
                     help="profile the same runtime called in-process (scripts/bench_h200.py inproc), no Triton")
     a = ap.parse_args(argv)
@@ -77,6 +90,7 @@ def main(argv=None) -> int:
     report = []
     with TritonServer(cfg):
         pid = stub_pid()
+        pid = worker_pid(pid) if a.process == "worker" else pid
         for spec in a.points.split(";"):
             shape, concs = spec.split(":")
             isl, osl = shape.split("/")
@@ -91,7 +105,7 @@ def main(argv=None) -> int:
                 t = threading.Thread(target=lambda: res.update(run_loadtest(lt)), daemon=True)
                 t.start()
                 time.sleep(4)  # past the first prefill
-                entry = {"point": tag, "stub_pid": pid}
+                entry = {"point": tag, "process": a.process, "pid": pid}
                 for kind, extra in (("all", []), ("gil", ["--gil"])):
                     raw = a.out / f"spy-{tag}-{kind}.txt"
                     subprocess.run([a.py_spy, "record", "-p", pid, "-d", str(a.seconds), "-r", "200", "--threads",
