@@ -38,6 +38,11 @@ KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
     ("cannot reshape array of size 0", "numpy 2.x reached the Python-backend stub: put numpy<2 first on "
                                        "TRTPIPE_PYTHONPATH"),
     ("gpt_model_path", "the engine folder named in tensorrt_llm/config.pbtxt is missing or incomplete: rebuild"),
+    ("sdpa_backends =", "tensorrt_llm/config.pbtxt's sdpa_backends names an unknown attention kernel: set it to "
+                        "'auto' or a comma list of flash, mem_efficient, math, cudnn (docs/deploy.md)"),
+    ("lib-dynload", "the Python-backend stub loaded another Python's standard library (an embedded "
+                    "interpreter takes its prefix from the first python3 on PATH): put the python3 whose "
+                    "libpython the stub uses first on PATH, or set PYTHONHOME to its prefix"),
     ("unable to create stub process", "the Python-backend stub could not start: check /dev/shm space (>= 64 MB "
                                       "per Python model instance) and that libpython of this Python is present"),
     ("failed to increase the shared memory pool size", "too little /dev/shm: mount a larger one "
@@ -198,7 +203,8 @@ def command(cfg: ServerConfig) -> list[str]:
 
 # What tritonserver logs on every start on a host without a GPU (pinned memory, the ensemble's CUDA
 # stream, NVML): no cause of a failure there, so neither a relevant line nor a hint for CPU repositories.
-NO_GPU_NOISE = ("CUDA driver version is insufficient", "Failed to initialize NVML", "no CUDA-capable device")
+NO_GPU_NOISE = ("CUDA driver version is insufficient", "Failed to initialize NVML", "no CUDA-capable device",
+                "DCGM unable to start")
 
 
 def diagnose(log_text: str, gpu: bool | None = None) -> list[str]:
@@ -234,6 +240,27 @@ def repository_device(model_repository: Path) -> str | None:
     return cfg.parameters["device"].string_value if "device" in cfg.parameters else None
 
 
+def server_environment(environ) -> dict:
+    """The environment tritonserver starts with: ``environ`` with every virtualenv's ``bin`` folder taken
+    off PATH.
+
+    Why: the Python-backend stub embeds the libpython it was linked against and, like any embedded
+    CPython, takes its prefix (where the standard library lives) from the first ``python3`` on PATH
+    (CPython's getpath: a ``pyvenv.cfg`` beside that executable names its home). With an activated
+    virtualenv of another CPython build first on PATH, the stub loads that build's standard library
+    and the models fail to load with "undefined symbol" in ``lib-dynload``. Packages reach the stub
+    through TRTPIPE_PYTHONPATH, not PATH, so nothing else is lost.
+    """
+    env = dict(environ)
+    keep, dropped = [], []
+    for d in env.get("PATH", "").split(os.pathsep):
+        (dropped if d and (Path(d).parent / "pyvenv.cfg").is_file() else keep).append(d)
+    if dropped:
+        log.debug("tritonserver's PATH leaves out virtualenv folders: %s", ", ".join(dropped))
+        env["PATH"] = os.pathsep.join(keep)
+    return env
+
+
 class TritonServer:
     """A running tritonserver process (context manager: starts, waits for READY, stops)."""
 
@@ -257,7 +284,7 @@ class TritonServer:
         check_gpus(cfg)
         binary = tritonserver_binary()
         ensure_python_stub(binary.parent.parent / "backends")
-        env = dict(os.environ)
+        env = server_environment(os.environ)
         if cfg.python_path:
             env["TRTPIPE_PYTHONPATH"] = os.pathsep.join(cfg.python_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

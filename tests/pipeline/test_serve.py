@@ -3,8 +3,11 @@ with its log lines and a suggested fix (real tritonserver, a repository broken o
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +39,36 @@ def test_known_failures_map_to_fixes():
     # what every start on a host without a GPU logs is a hint for a GPU repository only
     noise = 'E1130 ensemble_scheduler.cc] "unable to create stream for ensemble: CUDA driver version is insufficient"'
     assert diagnose(noise, gpu=True) and diagnose(noise) and diagnose(noise, gpu=False) == []
+    bad = "ValueError: sdpa_backends = 'cudnnx': unknown ['cudnnx']; use 'auto' or a comma list of flash, ..."
+    assert any("tensorrt_llm/config.pbtxt's sdpa_backends" in h for h in diagnose(bad))
+
+
+def test_virtualenv_folders_are_taken_off_the_servers_path(tmp_path):
+    from pipeline.serve import server_environment
+
+    venv, plain = tmp_path / "venv", tmp_path / "tools"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /somewhere/else/bin\n")
+    (plain / "bin").mkdir(parents=True)
+    env = server_environment({"PATH": f"{venv / 'bin'}:{plain / 'bin'}:/usr/bin", "HOME": "/root"})
+    assert env["PATH"] == f"{plain / 'bin'}:/usr/bin" and env["HOME"] == "/root"
+    log = ('E1130 pb_stub.cc] "Failed to initialize Python stub: ImportError: /opt/py/lib/python3.11/lib-dynload/'
+           '_ssl.cpython-311-x86_64-linux-gnu.so: undefined symbol: _PyModule_Add"')
+    assert any("first python3 on PATH" in h for h in diagnose(log))
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests do not run in a virtualenv")
+def test_serves_with_the_virtualenv_activated(built_default, tmp_path, monkeypatch):
+    """`source .venv/bin/activate` then serving: the stub must not take the venv's python3 as its own
+    (with a venv of another CPython build it loaded that build's lib-dynload and every model failed)."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)
+    http, grpc, metrics = free_ports(3)
+    cfg = ServerConfig(built_default / "model_repo", http, grpc, metrics, log_file=tmp_path / "server.log",
+                       ready_timeout_s=180, python_path=default_sys_path())
+    with TritonServer(cfg):
+        pass  # READY: every model loaded
 
 
 def test_repository_device_from_the_tensorrt_llm_config(tmp_path):
