@@ -75,11 +75,16 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                          "tensorrt_llm/config.pbtxt will hold them: limits.* and serving.* come from the build file, "
                          "the others are parameters there (edit a copy, serve it with `trtpipe serve --model-repo`)",
                    title_justify="left")
-        rt.add_column("setting")
-        rt.add_column("value")
-        rt.add_column("reason")
+        wide = con.width >= 120  # narrower: the reasons follow the table, so no column is squeezed
+        rt.add_column("setting", no_wrap=True)  # whole names: they are what a user searches config.pbtxt for
+        rt.add_column("value", overflow="fold")
+        if wide:
+            rt.add_column("reason")
         for r in plan.runtime_settings:
-            rt.add_row(r.name, r.value or '""', r.reason)
+            rt.add_row(r.name, r.value or '""', *([r.reason] if wide else []))
         con.print(rt)
+        if not wide:
+            for r in plan.runtime_settings:
+                con.print(f"  [bold]{r.name}[/bold]: {r.reason}", highlight=False)
     for w in plan.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")

@@ -304,3 +304,17 @@ def test_serve_model_repo_logs_beside_the_copy(tmp_path):
     (_build_path(args, build) / "model_repo" / "tensorrt_llm").mkdir(parents=True)
     (_build_path(args, build) / "model_repo" / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\n')
     assert _server_config(args, build).log_file == _build_path(args, build) / "tritonserver.log"
+
+
+def test_cli_plan_runtime_settings_fit_a_narrow_terminal(monkeypatch, capsys):
+    """80 columns: whole setting names, each reason after the table, no line cut off."""
+    from pipeline.cli import main
+    from pipeline.plan import PORTABLE_RUNTIME_CHOICES
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["plan", str(ROOT / "configs/builds/smollm2-135m.yaml"), "--target", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    for name, value, reason in PORTABLE_RUNTIME_CHOICES:
+        assert any(line.startswith(f"  {name}: {reason.split()[0]}") for line in lines), name
+        assert any(f"│ {name} " in line for line in lines), name
