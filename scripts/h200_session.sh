@@ -111,7 +111,8 @@ run_next() {  # not yet run: the default without cuDNN attention over the issue'
   G="128/128:1,8,32,32,64,128;467/256:1,8,32,64,128"
   # 1. served (as generated) and in-process, every concurrency of the issue, both shapes (~11 min)
   bench cb engine,repos,bandwidth,served,inproc "$G"
-  # 2. why served 128/128 at 32 users ran at ~0.6 of in-process (sixth session): py-spy on the engine
+  # 2. why served 128/128 at 32 users ran at ~0.6 of in-process (sixth session; the counters showed two
+  #    generation steps per output token served, each carrying half the batch): py-spy on the engine
   #    worker, then on the stub (~2 min)
   for proc in worker stub; do
     (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
