@@ -230,6 +230,17 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
     sampling = eng.load_sampling()
     t0 = time.perf_counter()
     manager, table, info = eng.build_manager(str(engine), settings, device, dtype)
+    # generation steps, counted as the served worker counts them (one per per-step delivery), so steps
+    # per output token compare with the served runtime's trtpipe_runtime_total{kind=steps}
+    steps = [0]
+    router = manager.output_router
+    deliver_batch = router.deliver_batch
+
+    def counted(outputs):
+        steps[0] += 1
+        return deliver_batch(outputs)
+
+    router.deliver_batch = counted
     manager.start()
     init_s = time.perf_counter() - t0
     settings["sdpa_backends_enabled"] = info.get("sdpa_backends")  # what torch may pick in this process
@@ -241,10 +252,11 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
             prompts = [tok.encode(r.prompt, add_special_tokens=True) for r in wl.requests]
             if warmup:
                 _closed_loop(manager, prompts[:warmup], osl, min(conc, warmup), never, table, sampling, warmup=True)
+            before = steps[0]
             recs = _closed_loop(manager, prompts[warmup:], osl, conc, never, table, sampling)
             s = summarize(recs)
             results.append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc, "requests": n},
-                            "summary": s})
+                            "summary": s, "generation_steps": steps[0] - before})
             log.info("inproc %s/%s c=%d: %.0f tok/s", isl, osl, conc, s.get("output_token_throughput", 0))
             _partial({"settings": settings, "init_s": init_s, "points": results})
     finally:

@@ -152,6 +152,28 @@ def main(out_dir, extra=()):
                     r5 = f"{ms(q(sv, 'ttft_s', 'p99'))} vs {sec(q(st, 'ttft_s', 'p99'))}" if st and sv else "-"
                     r6 = f"{sec(q(sv, 'e2e_s', 'p99'))} vs {sec(q(st, 'e2e_s', 'p99'))}" if st and sv else "-"
                     print(f"| {shape[0]}/{shape[1]} | {c} | {VISIT[visit]} | {' | '.join(rs)} | {r3} | {r4} | {r5} | {r6} |")
+        print(f"\n### {model}: output tokens per generation step (the batch a step carries)\n")
+        print("| config | ISL/OSL | conc | visit | tokens / step |")
+        print("| --- | --- | ---: | --- | ---: |")
+        for key in [k for _, k in CONFIGS if any(r[0] == k for r in m["rows"])]:
+            for shape in shapes:
+                for c in CONCS:
+                    for visit in (0, 1):
+                        p = first(key, *shape, c, visit)
+                        if p is None:
+                            continue
+                        if "counter_deltas" in p:  # served: the runtime's counters (warm-up request included)
+                            d = p["counter_deltas"]
+                            tok = counter(d, "trtpipe_runtime_total", kind="tokens")
+                            steps = counter(d, "trtpipe_runtime_total", kind="steps")
+                        elif p.get("generation_steps"):  # in-process: the bench counted the deliveries
+                            sm = p["summary"]
+                            tok = sm["output_tokens_per_request"]["mean"] * sm["requests"]["completed"]
+                            steps = p["generation_steps"]
+                        else:
+                            continue
+                        if steps:
+                            print(f"| {key} | {shape[0]}/{shape[1]} | {c} | {VISIT[visit]} | {tok / steps:.1f} |")
         print(f"\n### {model}: where the served time goes\n")
         print("| config | ISL/OSL | conc | visit | wall s | responses / step | send round trip / response | build / response | "
               "(send + build) / wall | CPU cores: tensorrt_llm stub / tritonserver / postprocessing / preprocessing / engine worker |")

@@ -34,6 +34,9 @@ def test_bench_smoke(tmp_path):
         assert s["requests"]["completed"] == 2, name
         assert s["output_tokens_per_request"]["mean"] == 4, name  # ignore-eos: fixed lengths
     assert "served-static" in r.stdout and "of floor" in r.stdout
+    # in-process generation steps are counted like the served runtime's: 2 requests x 4 tokens at 2 users
+    # take 4 steps together, at most 8 one by one
+    assert 4 <= res["inproc-cb"]["points"][0]["generation_steps"] <= 8
     # the default repository runs the engine process (its worker's CPU is counted), cb-stub does not
     cpu = res["served-cb"]["points"][0]["server_cpu"]["cpu_s"]
     assert cpu.get("engine_worker", 0) > 0, cpu
