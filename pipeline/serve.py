@@ -38,8 +38,8 @@ KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
     ("cannot reshape array of size 0", "numpy 2.x reached the Python-backend stub: put numpy<2 first on "
                                        "TRTPIPE_PYTHONPATH"),
     ("gpt_model_path", "the engine folder named in tensorrt_llm/config.pbtxt is missing or incomplete: rebuild"),
-    ("sdpa_backends =", "tensorrt_llm/config.pbtxt's sdpa_backends names an unknown attention kernel: set it to "
-                        "'auto' or a comma list of flash, mem_efficient, math, cudnn (docs/deploy.md)"),
+    ("sdpa_backends =", "tensorrt_llm/config.pbtxt's sdpa_backends names an unknown attention kernel: use the "
+                        "names the error lists, or 'auto' (docs/deploy.md)"),
     ("lib-dynload", "the Python-backend stub loaded another Python's standard library (an embedded "
                     "interpreter takes its prefix from the first python3 on PATH): put the python3 whose "
                     "libpython the stub uses first on PATH, or set PYTHONHOME to its prefix"),
@@ -383,7 +383,7 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
         stubs = server.children(recursive=True)
         regions = {arg: p for p in stubs for arg in _cmdline(p) if arg.startswith("triton_python_backend_shm_region")}
     except psutil.Error:
-        return {"forced": False, "stubs_killed": 0}
+        return {"forced": False, "stubs_killed": 0, "wait_s": 0.0, "shm_removed": 0}
     forced, t0 = False, time.monotonic()
     with contextlib.suppress(psutil.Error):
         server.terminate()
@@ -414,9 +414,11 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
 
 
 def _cmdline(proc) -> list[str]:
+    import psutil
+
     try:
         return proc.cmdline()
-    except Exception:  # psutil.Error: gone or not ours
+    except psutil.Error:  # gone, or not ours to read
         return []
 
 
