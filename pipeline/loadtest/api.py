@@ -107,7 +107,7 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict)
              for j, part in enumerate(_split(items, procs))]
     log.info("point %d: %s, %d requests in %d process(es) x %d stream(s)", k, point, n, procs, cfg.connections)
     with Sampler(cfg.metrics_url) as sampler:
-        results = run_procs(plans)
+        results = run_procs(plans, on_warm=sampler.mark)
     records = [r for res in results for r in res.records]
     records.sort(key=lambda r: (not r.warmup, r.index))
     summary = summarize(records, cfg.slo, open_loop=point["mode"] == "open")

@@ -241,11 +241,6 @@ async def _run(plan: ProcPlan, t0: float | None = None, ready=None) -> ProcResul
     return ProcResult(out, cpu, wall, len(records) - sent, time.time() - time.monotonic())
 
 
-def run_plan(plan: ProcPlan) -> ProcResult:
-    """Run one plan in this process."""
-    return asyncio.run(_run(plan))
-
-
 def _proc_entry(plan: ProcPlan, results, ready_q, go, t0v) -> None:
     """Spawned process: connect and warm up, report ready, wait for the shared t0, run, send back records."""
     def ready() -> float:
@@ -259,10 +254,17 @@ def _proc_entry(plan: ProcPlan, results, ready_q, go, t0v) -> None:
         results.put(exc)
 
 
-def run_procs(plans: list[ProcPlan], start_margin_s: float = 0.2) -> list[ProcResult]:
-    """Run each plan in its own spawned process, all starting on one monotonic ``t0`` (CLOCK_MONOTONIC is system-wide)."""
+def run_procs(plans: list[ProcPlan], start_margin_s: float = 0.2, on_warm=None) -> list[ProcResult]:
+    """Run each plan in its own spawned process, all starting on one monotonic ``t0`` (CLOCK_MONOTONIC is system-wide).
+
+    ``on_warm()`` (optional) is called once every plan's warm-up requests have finished and before
+    any measured request is sent (the server-metrics snapshot that the deltas start from).
+    """
     if len(plans) == 1:
-        return [run_plan(plans[0])]
+        def ready() -> None:
+            if on_warm is not None:
+                on_warm()
+        return [asyncio.run(_run(plans[0], ready=ready))]
     ctx = mp.get_context("spawn")
     results, ready_q, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     t0v = ctx.Value("d", 0.0)
@@ -282,6 +284,8 @@ def run_procs(plans: list[ProcPlan], start_margin_s: float = 0.2) -> list[ProcRe
                 while not results.empty():
                     errs.append(results.get())
                 raise RuntimeError(f"client processes failed before starting: {errs or [p.exitcode for p in dead]}")
+    if on_warm is not None:
+        on_warm()
     t0v.value = time.monotonic() + start_margin_s
     go.set()
     out = [results.get() for _ in plans]

@@ -1,5 +1,8 @@
 """Triton's Prometheus endpoint: snapshots before/after a run and a sampled time series during it.
 
+The "before" snapshot is taken when the warm-up requests have finished (``Sampler.mark``), so the
+counter deltas cover the measured requests only.
+
 Reported beside the client's numbers: deltas of Triton's ``nv_inference_*`` counters per
 model (requests, failures, queue and compute time) and the runtime's
 ``trtpipe_runtime_requests{state=...}`` gauges sampled every ``interval_s``.
@@ -46,6 +49,23 @@ def scrape(url: str, timeout: float = 2.0) -> dict | None:
         return None
 
 
+def settled(url: str, quiet_s: float = 0.1, timeout_s: float = 3.0) -> dict | None:
+    """A snapshot taken once the COUNTERS stopped moving (two scrapes ``quiet_s`` apart agree), or the
+    last one after ``timeout_s``. Triton counts a decoupled request when it is released, which can come
+    a moment after the client saw its final response, so a snapshot taken at once may miss it."""
+    def counters(snap: dict | None) -> dict:
+        return {k: v for k, v in (snap or {}).items() if k[0] in COUNTERS}
+
+    snap, deadline = scrape(url), time.monotonic() + timeout_s
+    while snap is not None and time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        again = scrape(url)
+        if again is None or counters(again) == counters(snap):
+            return again if again is not None else snap
+        snap = again
+    return snap
+
+
 def _key(name: str, labels: tuple) -> str:
     return name + ("{" + ",".join(f"{k}={v}" for k, v in labels if k != "version") + "}" if labels else "")
 
@@ -78,18 +98,25 @@ class Sampler:
 
     def __enter__(self) -> "Sampler":
         if self.url:
-            self.before = scrape(self.url)
+            self.before = settled(self.url)
             self._thread.start()
         return self
+
+    def mark(self) -> None:
+        """Take the counters' starting snapshot again (called when the warm-up requests are done, so
+        the deltas count the measured requests only)."""
+        if self.url:
+            self.before = settled(self.url)
 
     def __exit__(self, *exc) -> None:
         if self.url:
             self._stop.set()
             self._thread.join(timeout=5)
-            self.after = scrape(self.url)
+            self.after = settled(self.url)
 
     def report(self, t0: float) -> dict:
         return {"url": self.url, "available": self.before is not None,
+                "counter_window": "measured requests (from the end of the warm-up)",
                 "counter_deltas": deltas(self.before, self.after),
                 "runtime_gauges": [{**r, "t": round(r.pop("t_mono") - t0, 3)} for r in
                                    (dict(x) for x in self.series)]}

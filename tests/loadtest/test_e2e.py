@@ -41,6 +41,19 @@ def test_closed_loop_sweep_report(trivial, tmp_path):
     rep = _complete(tmp_path, 2)
     toks = [r["output_tokens"] for r in rep["points"][1]["requests"] if not r["warmup"]]
     assert toks == [r["requested_tokens"] for r in rep["points"][1]["requests"] if not r["warmup"]]
+    for p in rep["points"]:  # the server's counters cover the 12 measured requests, not the warm-up one
+        assert p["server_metrics"]["counter_deltas"]["nv_inference_request_success{model=ensemble}"] == 12
+
+
+def test_server_counters_leave_out_warmup_with_client_processes(trivial):
+    """Two client processes, each with a warm-up request: the snapshot is taken when both are warm."""
+    url, metrics = trivial
+    cfg = LoadTestConfig(url=url, metrics_url=metrics, mode="closed", concurrency=[4], num_requests=8,
+                         input_len="8", output_len="3", warmup=2, client_procs=2)
+    rep = run_loadtest(cfg)
+    p = rep["points"][0]
+    assert sum(r["warmup"] for r in p["requests"]) == 2
+    assert p["server_metrics"]["counter_deltas"]["nv_inference_request_success{model=ensemble}"] == 8
 
 
 def test_open_loop_cli_and_compare(trivial, tmp_path, capsys):
