@@ -330,6 +330,7 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
                                             "requests": n}, "summary": s, "validity": p["validity"],
                                   "client": p["client"], "requests": p["requests"],
                                   "counter_deltas": p["server_metrics"].get("counter_deltas", {}),
+                                  "counter_window": p["server_metrics"].get("counter_window"),
                                   "server_cpu": {"wall_s": t_pt, "cpu_s": {k: v - cpu0.get(k, 0.0)
                                                                            for k, v in cpu1.items()}}})
             log.info("%s %s/%s c=%d: %.0f tok/s", repo.name, isl, osl, conc, s.get("output_token_throughput", 0))

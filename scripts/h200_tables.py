@@ -58,6 +58,25 @@ def counter(deltas, name, **labels):
     return total
 
 
+def served_counts(p):
+    """The runtime's counters of one served point over its measured requests: tokens, steps, responses,
+    send and build seconds. Reports written before the load tester took its counter snapshot after the
+    warm-up (no ``counter_window``; sessions 3-6) counted the warm-up requests too: they ran alone before
+    the measured ones, one generation step and one response per token (1 user, sixth session: 381 tokens
+    in 381 steps), so their tokens, steps and responses are taken off; send and build seconds stay whole."""
+    d = p["counter_deltas"]
+    c = {"tokens": counter(d, "trtpipe_runtime_total", kind="tokens"),
+         "steps": counter(d, "trtpipe_runtime_total", kind="steps"),
+         "responses": counter(d, "trtpipe_runtime_total", kind="responses"),
+         "send": counter(d, "trtpipe_runtime_response_seconds_total", stage="send"),
+         "build": counter(d, "trtpipe_runtime_response_seconds_total", stage="build")}
+    if p.get("counter_window") is None:
+        warm = sum(1 for r in p.get("requests", []) if r.get("warmup")) * p["point"]["output_len"]
+        for k in ("tokens", "steps", "responses"):
+            c[k] = max(c[k] - warm, 0.0)
+    return c
+
+
 PHASES = bench_h200.NAMES  # phase -> results key
 
 
@@ -162,10 +181,9 @@ def main(out_dir, extra=()):
                         p = first(key, *shape, c, visit)
                         if p is None:
                             continue
-                        if "counter_deltas" in p:  # served: the runtime's counters (warm-up request included)
-                            d = p["counter_deltas"]
-                            tok = counter(d, "trtpipe_runtime_total", kind="tokens")
-                            steps = counter(d, "trtpipe_runtime_total", kind="steps")
+                        if "counter_deltas" in p:  # served: the runtime's counters, measured requests
+                            cs = served_counts(p)
+                            tok, steps = cs["tokens"], cs["steps"]
                         elif p.get("generation_steps"):  # in-process: the bench counted the deliveries
                             sm = p["summary"]
                             tok = sm["output_tokens_per_request"]["mean"] * sm["requests"]["completed"]
@@ -185,11 +203,8 @@ def main(out_dir, extra=()):
                         p = first(key, *shape, c, visit)
                         if p is None or "counter_deltas" not in p:
                             continue
-                        d, cpu = p["counter_deltas"], p["server_cpu"]
-                        n = counter(d, "trtpipe_runtime_total", kind="responses")
-                        steps = counter(d, "trtpipe_runtime_total", kind="steps")
-                        send = counter(d, "trtpipe_runtime_response_seconds_total", stage="send")
-                        build = counter(d, "trtpipe_runtime_response_seconds_total", stage="build")
+                        cpu, cs = p["server_cpu"], served_counts(p)
+                        n, steps, send, build = cs["responses"], cs["steps"], cs["send"], cs["build"]
                         wall = cpu["wall_s"]
                         cores = " / ".join(f"{cpu['cpu_s'].get(k, 0) / wall:.2f}" for k in
                                            ("stub:tensorrt_llm", "tritonserver", "stub:postprocessing", "stub:preprocessing",
