@@ -23,7 +23,10 @@ One run (each phase a subprocess, so GPU memory is returned between them):
   bandwidth  device-to-device copy bandwidth (bytes read + written).
   inproc     the same runtime called in-process with the ContinuousBatchingConfig built by the same
              function the served model uses (model_repo.runtime_config), same prompts, closed loop;
-             inproc-defaults / -nocudnn / -cudnn / -graphs: with the settings of that repository.
+             inproc-defaults / -nocudnn / -cudnn / -graphs: with the settings of that repository;
+             inproc-asworker: `inproc` started with the python and the whole environment the served
+             engine worker had (recorded by the `served` phase before it), to tell the process's set-up
+             from the serving path when served and in-process differ.
   Points may repeat (`128/128:32,32`): the first visit of a shape is cold, a later one warm (the
              fifth session found the first visit of a shape up to 3x slower in the same process).
   served     tritonserver per repository, then `trtpipe loadtest` closed loop (ignore-eos) per point.
@@ -210,7 +213,7 @@ def bandwidth(device: str, gib: float) -> dict:
 
 # ---------------------------------------------------------------------------------------------- in-process
 def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple], seed: int,
-           warmup: int = 2) -> dict:
+           warmup: int = 2, on_measure=None) -> dict:
     """The served runtime's settings, called in-process: closed loop at each (isl, osl, conc, n)."""
     from transformers import AutoTokenizer
 
@@ -244,6 +247,7 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
     manager.start()
     init_s = time.perf_counter() - t0
     settings["sdpa_backends_enabled"] = info.get("sdpa_backends")  # what torch may pick in this process
+    settings["process"] = info.get("process")  # engine_worker.process_facts(): compared with the served worker's
     never = info["vocab_size"]  # end id never generated: fixed output lengths (ignore-eos)
     results = []
     try:
@@ -252,6 +256,8 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
             prompts = [tok.encode(r.prompt, add_special_tokens=True) for r in wl.requests]
             if warmup:
                 _closed_loop(manager, prompts[:warmup], osl, min(conc, warmup), never, table, sampling, warmup=True)
+            if on_measure is not None and k == 0:
+                on_measure()  # the first measured request is next (scripts/profile_stub.py starts recording)
             before = steps[0]
             recs = _closed_loop(manager, prompts[warmup:], osl, conc, never, table, sampling)
             s = summarize(recs)
@@ -315,6 +321,11 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
     out = {"points": []}
     with TritonServer(cfg) as server:
         out["ready_s"] = time.perf_counter() - t0
+        out["process"] = process_facts_from_log(cfg.log_file)
+        launch = _worker_launch(server.proc.pid)
+        if launch:  # for the inproc-asworker phase: the same measurement started as this worker was
+            _json_dump(launch, repo.parent / "results" / "worker-launch.json")
+            out["worker_python"] = launch["argv"][0]
         for k, (isl, osl, conc, n) in enumerate(points):
             lt = LoadTestConfig(url=cfg.grpc_url, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
                                 concurrency=[conc], num_requests=n, warmup=warmup, input_len=str(isl),
@@ -336,6 +347,46 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
             log.info("%s %s/%s c=%d: %.0f tok/s", repo.name, isl, osl, conc, s.get("output_token_throughput", 0))
             _partial(out)
     return out
+
+
+FACTS_MARK = "generation process facts "
+
+
+def process_facts_from_log(path: Path) -> dict | None:
+    """The facts the served runtime logged about its generation process at load (engine_worker.process_facts)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if FACTS_MARK not in line:
+            continue
+        try:  # Triton's log quotes the message: I1201 ... model.py:448] "tensorrt_llm[pytorch]: ... {\"python\": ...}"
+            message = json.loads(line[line.index('"'):])
+        except ValueError:
+            message = line  # an unquoted log line
+        try:
+            return json.loads(message.split(FACTS_MARK, 1)[1])
+        except ValueError:
+            return None
+    return None
+
+
+def _worker_launch(pid: int) -> dict | None:
+    """How the served runtime's engine worker (a descendant of tritonserver ``pid``) was started: its
+    argv and full environment (psutil), or None (engine_process false, or psutil missing)."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        for proc in psutil.Process(pid).children(recursive=True):
+            argv = proc.cmdline()
+            if any(a.endswith("engine_worker.py") for a in argv):
+                return {"argv": argv, "exe": proc.exe(), "environ": proc.environ()}
+    except psutil.Error as exc:
+        log.warning("engine worker launch not recorded: %s", exc)
+    return None
 
 
 def _server_cpu(pid: int) -> dict:
@@ -454,9 +505,10 @@ def _ms(x):
 SERVED_REPOS = {"served": "cb", "stub": "cb-stub", "inline": "cb-inline", "proc": "cb-proc", "nocudnn": "cb-nocudnn",
                 "cudnn": "cb-cudnn", "graphs": "cb-graphs", "static": "static", "defaults": "defaults"}
 INPROC_REPOS = {"inproc": "cb", "inproc-defaults": "defaults", "inproc-nocudnn": "cb-nocudnn",
-                "inproc-cudnn": "cb-cudnn", "inproc-graphs": "cb-graphs"}
+                "inproc-cudnn": "cb-cudnn", "inproc-graphs": "cb-graphs", "inproc-asworker": "cb"}
 NAMES = {**{ph: f"served-{repo}" for ph, repo in SERVED_REPOS.items()},
-         **{ph: f"inproc-{repo}" for ph, repo in INPROC_REPOS.items()}}
+         **{ph: f"inproc-{repo}" for ph, repo in INPROC_REPOS.items()},
+         "inproc-asworker": "inproc-cb-asworker"}
 """phase -> the key of its results in bench-<tag>.json (as h200_tables.py reads them)."""
 
 def parse_points(text: str, reqs: str) -> list[tuple]:
@@ -482,7 +534,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", type=Path, default=None, help="SmolLM2 tokenizer folder (--model llama8b)")
     ap.add_argument("--phases", default="engine,repos,bandwidth,inproc,served",
                     help="comma list of: engine repos bandwidth inproc inproc-defaults inproc-nocudnn "
-                         "inproc-cudnn inproc-graphs served stub inline proc nocudnn cudnn graphs static "
+                         "inproc-cudnn inproc-graphs inproc-asworker served stub inline proc nocudnn cudnn graphs static "
                          "defaults quant")
     ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
     ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
@@ -538,8 +590,17 @@ def main(argv=None) -> int:
     results, failures = {"env": env_info(device), "model": a.model}, {}
     for ph in a.phases.split(","):
         t0 = time.perf_counter()
-        child = subprocess.Popen([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                                  "--phase-child", ph, "--work", str(work)], start_new_session=True)
+        python, env = sys.executable, None
+        if ph == "inproc-asworker":  # the python and environment the served engine worker had (a served phase's record)
+            f = work / "results" / "worker-launch.json"
+            if not f.is_file():
+                failures[ph] = f"{f} missing: run a served phase of an engine_process repository (served) before it"
+                log.error("phase %s: %s", ph, failures[ph])
+                continue
+            launch = json.loads(f.read_text())
+            python, env = launch["argv"][0], launch["environ"]
+        child = subprocess.Popen([python, __file__, *(argv if argv is not None else sys.argv[1:]),
+                                  "--phase-child", ph, "--work", str(work)], start_new_session=True, env=env)
         try:
             rc = child.wait(timeout=a.phase_timeout)
         except subprocess.TimeoutExpired:  # a hung phase must not eat the lease: kill it, its server and stubs

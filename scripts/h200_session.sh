@@ -107,22 +107,25 @@ run_session6b() {  # its second lease, with the two calls that followed on the s
   bench extra2 inproc-cudnn,inproc-nocudnn "128/128:32,32,8,8" --phase-timeout 130
 }
 
-run_next() {  # not yet run: the default without cuDNN attention over the issue's whole grid (~27 min)
+run_next() {  # not yet run (~26 min): the default over the issue's whole grid, and where served loses its time
   G="128/128:1,8,32,32,64,128;467/256:1,8,32,64,128"
-  # 1. served (as generated) and in-process, every concurrency of the issue, both shapes (~11 min)
+  # 1. served (as generated) and in-process, every concurrency of the issue, both shapes (~9 min)
   bench cb engine,repos,bandwidth,served,inproc "$G"
-  # 2. why served 128/128 at 32 users ran at ~0.6 of in-process (sixth session; the counters showed two
-  #    generation steps per output token served, each carrying half the batch): py-spy on the engine
-  #    worker, then on the stub (~2 min)
-  for proc in worker stub; do
+  # 2. the sixth session's served steps took 7-25 ms longer than in-process ones (at 1-128 users, the batch
+  #    whole in both: its "two steps per token" was the warm-up inside the counter window). Same process
+  #    set-up? In-process started with the served worker's python and environment, beside plain in-process (~2 min)
+  bench asworker inproc-asworker,inproc "128/128:1,32,32"
+  # 3. py-spy (all, GIL, native) on the engine worker under load, then on the in-process run (~3 min)
+  for who in worker inproc; do
     (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
        TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/profile_stub.py "$W/repo-cb" \
-       "$W/engine" --points "128/128:32" --seconds 8 --py-spy /tmp/site/bin/py-spy --python-path "$STUB_PATH" \
-       --process $proc --out "$W/out/profile-$proc")
+       "$W/engine" --points "128/128:32" --seconds 8 --waves 6 --py-spy /tmp/site/bin/py-spy \
+       --python-path "$STUB_PATH" $([ $who = worker ] && echo --process worker || echo --inproc) \
+       --out "$W/out/profile-$who")
   done
-  # 3. the static baseline over the same grid (~7 min)
+  # 4. the static baseline over the same grid (~7 min)
   bench static static "$G"
-  # 4. 1 user, torch's attention choice first then without cuDNN (the sixth session had the other order) (~3 min)
+  # 5. 1 user, torch's attention choice first then without cuDNN (the sixth session had the other order) (~3 min)
   bench order cudnn,nocudnn "128/128:1,1,8,8"
 }
 

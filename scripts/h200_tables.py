@@ -28,6 +28,7 @@ CONFIGS = [("served CB, dispatcher thread", "served-cb"), ("served CB, loop in t
            ("in-process CB (same runtime + settings)", "inproc-cb"), ("in-process CB, no cuDNN attention", "inproc-cb-nocudnn"),
            ("in-process CB, torch's attention choice (cuDNN included)", "inproc-cb-cudnn"),
            ("in-process CB, CUDA graphs", "inproc-cb-graphs"),
+           ("in-process CB, started as the served worker (its python + environment)", "inproc-cb-asworker"),
            ("served static `generate` (baseline)", "served-static"),
            ("served CB, library defaults", "served-defaults"), ("in-process CB, library defaults", "inproc-defaults")]
 SERVED = ("served-cb", "served-cb-stub", "served-cb-inline", "served-cb-proc", "served-cb-nocudnn", "served-cb-cudnn",
@@ -56,6 +57,35 @@ def counter(deltas, name, **labels):
         if fam == name and all(f"{k}={val}" in lab for k, val in labels.items()):
             total += v
     return total
+
+
+def flat_facts(facts):
+    """engine_worker.process_facts() -> {name: value} (env.X per variable; pid left out)."""
+    out = {}
+    for k, v in (facts or {}).items():
+        if k == "env":
+            out.update({f"env.{n}": x for n, x in v.items()})
+        elif k == "libs":
+            out["libs"] = ", ".join(v)
+        elif k != "pid":
+            out[k] = v
+    return out
+
+
+def facts_table(named):
+    """Markdown rows of the process facts that differ between the named processes ({label: facts})."""
+    flat = {n: flat_facts(f) for n, f in named.items() if f}
+    if len(flat) < 2:
+        return []
+    keys = sorted({k for f in flat.values() for k in f})
+    rows = [f"| fact | {' | '.join(flat)} |", "| --- |" + " --- |" * len(flat)]
+    for k in keys:
+        vals = [str(f.get(k, "-")) for f in flat.values()]
+        if len(set(vals)) > 1:
+            rows.append(f"| {k} | {' | '.join(v.replace('|', '/') for v in vals)} |")
+    if len(rows) == 2:
+        rows.append("| (all the same) |" + " |" * len(flat))
+    return rows
 
 
 def served_counts(p):
@@ -192,6 +222,20 @@ def main(out_dir, extra=()):
                             continue
                         if steps:
                             print(f"| {key} | {shape[0]}/{shape[1]} | {c} | {VISIT[visit]} | {tok / steps:.1f} |")
+        named = {}
+        for tag, r in runs.items():
+            if r.get("model", "llama8b") != model:
+                continue
+            for key in SERVED:
+                if r.get(key, {}).get("process"):
+                    named.setdefault(f"{key} (worker)", r[key]["process"])
+            for key in ("inproc-cb", "inproc-cb-asworker"):
+                if (r.get(key, {}).get("settings") or {}).get("process"):
+                    named.setdefault(key, r[key]["settings"]["process"])
+        rows = facts_table(named)
+        if rows:
+            print(f"\n### {model}: the generation process, facts that differ\n")
+            print("\n".join(rows))
         print(f"\n### {model}: where the served time goes\n")
         print("| config | ISL/OSL | conc | visit | wall s | responses / step | send round trip / response | build / response | "
               "(send + build) / wall | CPU cores: tensorrt_llm stub / tritonserver / postprocessing / preprocessing / engine worker |")

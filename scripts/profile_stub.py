@@ -5,9 +5,12 @@
 
 Starts tritonserver on REPO (a repository from `trtpipe build` or scripts/bench_h200.py), runs a closed
 loop at each point with `trtpipe loadtest`'s runner, and while it runs records the tensorrt_llm stub
-with py-spy twice: all samples (where each thread is) and `--gil` samples (which thread holds the
-GIL). Prints, per point and thread, the share of samples and the top frames, and writes
-profile.json + the raw py-spy files to --out. Used for docs/benchmarks/h200.md "serving overhead".
+(or its engine worker) with py-spy three times: all samples (where each thread is), `--gil` samples
+(which thread holds the GIL) and `--native` samples (C/C++ frames too: kernel launches, the CUDA
+driver). `--inproc` records the same runtime called in-process (no Triton) the same way, from the
+first measured request on. Prints, per point and thread, the share of samples and the top frames,
+and writes profile.json + the raw py-spy files to --out. Used for docs/benchmarks/h200.md "serving
+overhead".
 
 py-spy: https://github.com/benfred/py-spy (sampling profiler; `record --threads --gil -f raw`).
 """
@@ -47,6 +50,19 @@ def worker_pid(stub: str) -> str:
     raise SystemExit(f"no engine worker under stub {stub}: is engine_process false in this repository?")
 
 
+RECORDINGS = (("all", ["-r", "200", "--nonblocking"]), ("gil", ["-r", "200", "--nonblocking", "--gil"]),
+              ("native", ["-r", "100", "--native"]))  # py-spy cannot take native stacks without pausing the process
+
+
+def record(py_spy: str, pid: str, seconds: int, out: Path, tag: str, entry: dict) -> None:
+    """The three py-spy recordings of ``pid``, summarized into ``entry[kind]``."""
+    for kind, extra in RECORDINGS:
+        raw = out / f"spy-{tag}-{kind}.txt"
+        subprocess.run([py_spy, "record", "-p", pid, "-d", str(seconds), "--threads", "-f", "raw", "-o", str(raw),
+                        *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        entry[kind] = summarize(raw) if raw.is_file() and raw.stat().st_size else {"error": "no samples"}
+
+
 def summarize(raw: Path, top: int = 12) -> dict:
     """py-spy raw (collapsed stacks 'thread;frame;...;frame count') -> samples per thread and top leaves."""
     threads, leaves = Counter(), Counter()
@@ -66,7 +82,9 @@ def main(argv=None) -> int:
     ap.add_argument("repo", type=Path)
     ap.add_argument("engine", type=Path, help="engine folder (its tokenizer makes the prompts)")
     ap.add_argument("--points", default="128/128:1,32")
-    ap.add_argument("--seconds", type=int, default=12, help="py-spy duration per recording")
+    ap.add_argument("--seconds", type=int, default=12, help="py-spy duration per recording (three recordings)")
+    ap.add_argument("--waves", type=int, default=6,
+                    help="requests per point = waves x concurrency (enough to outlast the recordings)")
     ap.add_argument("--py-spy", default="py-spy")
     ap.add_argument("--python-path", default="", help="TRTPIPE_PYTHONPATH for the stub")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "build/profile"))
@@ -96,8 +114,7 @@ def main(argv=None) -> int:
             isl, osl = shape.split("/")
             for conc in (int(c) for c in concs.split(",")):
                 tag = f"{isl}-{osl}-c{conc}"
-                # enough requests to outlast warm-up + two recordings
-                n = max(conc * 2, 6)
+                n = max(conc * a.waves, 6)  # enough to outlast the recordings
                 lt = LoadTestConfig(url=cfg.grpc_url, concurrency=[conc], num_requests=n, warmup=0, input_len=isl,
                                     output_len=osl, tokenizer_dir=a.engine, fixed_output="ignore_eos", seed=11,
                                     request_timeout_s=300, drain_timeout_s=300)
@@ -106,12 +123,7 @@ def main(argv=None) -> int:
                 t.start()
                 time.sleep(4)  # past the first prefill
                 entry = {"point": tag, "process": a.process, "pid": pid}
-                for kind, extra in (("all", []), ("gil", ["--gil"])):
-                    raw = a.out / f"spy-{tag}-{kind}.txt"
-                    subprocess.run([a.py_spy, "record", "-p", pid, "-d", str(a.seconds), "-r", "200", "--threads",
-                                    "-f", "raw", "-o", str(raw), "--nonblocking", *extra],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    entry[kind] = summarize(raw) if raw.is_file() and raw.stat().st_size else {"error": "no samples"}
+                record(a.py_spy, pid, a.seconds, a.out, tag, entry)
                 t.join()
                 if res.get("points"):
                     entry["output_token_throughput"] = res["points"][0]["summary"].get("output_token_throughput")
@@ -135,22 +147,15 @@ def _inproc(a) -> int:
         isl, osl = (int(x) for x in shape.split("/"))
         for conc in (int(c) for c in concs.split(",")):
             tag = f"inproc-{isl}-{osl}-c{conc}"
-            entry = {"point": tag}
-
-            def spy():
-                time.sleep(25)  # model load + warm-up
-                for kind, extra in (("all", []), ("gil", ["--gil"])):
-                    raw = a.out / f"spy-{tag}-{kind}.txt"
-                    subprocess.run([a.py_spy, "record", "-p", str(os.getpid()), "-d", str(a.seconds), "-r", "200",
-                                    "--threads", "-f", "raw", "-o", str(raw), "--nonblocking", *extra],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    entry[kind] = summarize(raw) if raw.is_file() and raw.stat().st_size else {"error": "no samples"}
-
-            t = threading.Thread(target=spy, daemon=True)
+            entry = {"point": tag, "process": "inproc", "pid": str(os.getpid())}
+            measuring = threading.Event()
+            t = threading.Thread(target=lambda: (measuring.wait(), record(a.py_spy, str(os.getpid()), a.seconds,
+                                                                         a.out, tag, entry)), daemon=True)
             t.start()
             res = bench_h200.inproc(a.engine, a.repo, "cuda" if torch.cuda.is_available() else "cpu",
                                     "bfloat16" if torch.cuda.is_available() else "float32",
-                                    [(isl, osl, conc, max(2 * conc, 8))], seed=11, warmup=1)
+                                    [(isl, osl, conc, max(a.waves * conc, 8))], seed=11, warmup=1,
+                                    on_measure=measuring.set)
             t.join()
             entry["output_token_throughput"] = res["points"][0]["summary"].get("output_token_throughput")
             report.append(entry)

@@ -49,10 +49,12 @@ def scrape(url: str, timeout: float = 2.0) -> dict | None:
         return None
 
 
-def settled(url: str, quiet_s: float = 0.1, timeout_s: float = 3.0) -> dict | None:
+def settled(url: str, quiet_s: float = 0.25, timeout_s: float = 3.0) -> dict | None:
     """A snapshot taken once the COUNTERS stopped moving (two scrapes ``quiet_s`` apart agree), or the
     last one after ``timeout_s``. Triton counts a decoupled request when it is released, which can come
-    a moment after the client saw its final response, so a snapshot taken at once may miss it."""
+    a moment after the client saw its final response, and the pytorch runtime publishes its
+    trtpipe_runtime_* counters every cancellation_check_period_ms (100 ms by default), so a snapshot
+    taken at once may miss the last requests."""
     def counters(snap: dict | None) -> dict:
         return {k: v for k, v in (snap or {}).items() if k[0] in COUNTERS}
 

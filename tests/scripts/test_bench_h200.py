@@ -23,11 +23,11 @@ def test_bench_smoke(tmp_path):
     tok = _smollm2_tokenizer_dir()
     out = tmp_path / "out"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_h200.py"), "--smoke", "--tokenizer", str(tok),
-           "--work", str(tmp_path / "work"), "--out", str(out), "--phases", "engine,repos,bandwidth,inproc,inproc-cudnn,served,stub,static",
-           "--points", "16/4:2", "--requests", "2:1:2"]
+           "--work", str(tmp_path / "work"), "--out", str(out), "--phases", "engine,repos,bandwidth,inproc,inproc-cudnn,served,inproc-asworker,stub,static",
+           "--points", "16/4:2", "--requests", "2:1:2", "--tag", "smoke"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    res = json.loads((out / "bench.json").read_text())
+    res = json.loads((out / "bench-smoke.json").read_text())
     assert res["failures"] == {}
     for name in ("inproc-cb", "inproc-cb-cudnn", "served-cb", "served-cb-stub", "served-static"):
         s = res[name]["points"][0]["summary"]
@@ -37,6 +37,24 @@ def test_bench_smoke(tmp_path):
     # in-process generation steps are counted like the served runtime's: 2 requests x 4 tokens at 2 users
     # take 4 steps together, at most 8 one by one
     assert 4 <= res["inproc-cb"]["points"][0]["generation_steps"] <= 8
+    # the served runtime's counters cover the measured requests only (the warm-up ones ran before)
+    deltas = res["served-cb"]["points"][0]["counter_deltas"]
+    assert deltas["trtpipe_runtime_total{kind=tokens,model=tensorrt_llm,runtime=pytorch}"] == 8
+    assert 4 <= deltas["trtpipe_runtime_total{kind=steps,model=tensorrt_llm,runtime=pytorch}"] <= 8
+    # the facts of the served generation process (the engine worker, logged at load) and of the in-process run
+    served, inproc = res["served-cb"]["process"], res["inproc-cb"]["settings"]["process"]
+    assert served["pid"] != inproc["pid"] and served["torch"] == inproc["torch"], (served, inproc)
+    assert served["torch_threads"] >= 1 and isinstance(served["env"], dict) and served["libs"]
+    # inproc-asworker: the in-process run started with the served worker's python and environment
+    asworker = res["inproc-cb-asworker"]["settings"]["process"]
+    assert asworker["python"] == res["served-cb"]["worker_python"]
+    assert asworker["env"].get("PYTHONPATH") == served["env"].get("PYTHONPATH"), (asworker["env"], served["env"])
+    assert res["inproc-cb-asworker"]["points"][0]["summary"]["requests"]["completed"] == 2
+    # h200_tables prints every table from this report, the process facts among them
+    tables = subprocess.run([sys.executable, str(ROOT / "scripts" / "h200_tables.py"), str(out)], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT)
+    assert tables.returncode == 0, tables.stderr[-3000:]
+    assert "the generation process, facts that differ" in tables.stdout and "inproc-cb-asworker" in tables.stdout
     # the default repository runs the engine process (its worker's CPU is counted), cb-stub does not
     cpu = res["served-cb"]["points"][0]["server_cpu"]["cpu_s"]
     assert cpu.get("engine_worker", 0) > 0, cpu

@@ -291,6 +291,8 @@ class TritonPythonModel:
             f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens, "
             f"response dispatch {self.dispatch}, attention kernels torch may use {info.get('sdpa_backends')}, "
             f"settings {self.settings}")
+        # one line, for comparing the generation loop's process with another (scripts/h200_tables.py)
+        pb_utils.Logger.log_info(f"tensorrt_llm[pytorch]: generation process facts {_json.dumps(info.get('process'))}")
 
     def _start_routing(self, cfg):
         """Route the manager's per-step outputs (dispatcher thread, inline, or the engine process's
