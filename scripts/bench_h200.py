@@ -559,6 +559,10 @@ def main(argv=None) -> int:
 
     if a.phase_child:  # one phase in this process
         ph = a.phase_child
+        if ph == "inproc-asworker":  # as the worker's bootstrap (model_repo/templates/_bootstrap.py) does, before
+            # transformers is imported: packages built for numpy 2 must look absent under the stub's numpy<2
+            for name in [n for n in os.environ.get("TRTPIPE_STUB_BLOCK_MODULES", "").split(",") if n]:
+                sys.modules.setdefault(name, None)
         global _PARTIAL
         _PARTIAL = work / "results" / f"{ph}.partial.json"
         if ph == "engine" and a.model == "smollm2":
