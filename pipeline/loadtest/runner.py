@@ -192,8 +192,11 @@ async def _run(plan: ProcPlan, t0: float | None = None, ready=None) -> ProcResul
             for k, s in enumerate(plan.warmup)]
     wprotos = [build_request(plan.model, f"w{k}", s, plan.inputs) for k, s in enumerate(plan.warmup)]
     for start in range(0, len(warm), max(plan.concurrency, 1)):
+        batch = range(start, min(start + max(plan.concurrency, 1), len(warm)))
+        for k in batch:  # their times read as seconds before the measured run's t0 (negative) in the report
+            warm[k].scheduled = time.monotonic()
         await asyncio.gather(*(conns[k % len(conns)].send(warm[k], wprotos[k], plan.request_timeout_s)
-                               for k in range(start, min(start + max(plan.concurrency, 1), len(warm)))))
+                               for k in batch))
     if ready is not None:
         t0 = await asyncio.get_running_loop().run_in_executor(None, ready)
     t0 = t0 if t0 is not None else time.monotonic()

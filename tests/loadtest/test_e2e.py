@@ -43,6 +43,8 @@ def test_closed_loop_sweep_report(trivial, tmp_path):
     assert toks == [r["requested_tokens"] for r in rep["points"][1]["requests"] if not r["warmup"]]
     for p in rep["points"]:  # the server's counters cover the 12 measured requests, not the warm-up one
         assert p["server_metrics"]["counter_deltas"]["nv_inference_request_success{model=ensemble}"] == 12
+        warm = [r for r in p["requests"] if r["warmup"]]  # before the measured run's t0, by seconds not hours
+        assert len(warm) == 1 and -60 < warm[0]["scheduled"] <= warm[0]["sent"] < warm[0]["done"] <= 0.5, warm
 
 
 def test_server_counters_leave_out_warmup_with_client_processes(trivial):
