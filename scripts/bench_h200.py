@@ -215,9 +215,15 @@ def bandwidth(device: str, gib: float) -> dict:
 def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple], seed: int,
            warmup: int = 2, on_measure=None) -> dict:
     """The served runtime's settings, called in-process: closed loop at each (isl, osl, conc, n)."""
+    from model_repo.generate import load_template_module
+
+    # The served runtime's own manager: engine_worker.build_manager (model, settings, sampling processors)
+    # is what model.py calls in the stub or in its engine process, so in-process differs from served by
+    # Triton and the ensemble only. Loaded before transformers is imported, as in the worker: its
+    # bootstrap blocks TRTPIPE_STUB_BLOCK_MODULES, which transformers must not have seen as installed.
+    eng = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker")
     from transformers import AutoTokenizer
 
-    from model_repo.generate import load_template_module
     from model_repo.runtime_config import runtime_settings
     from pipeline.loadtest.metrics import summarize
     from pipeline.loadtest.workload import load_tokenizer, synthetic
@@ -226,10 +232,6 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
     settings = runtime_settings(_params(repo), bc)
     tok = AutoTokenizer.from_pretrained(str(engine))
     lt_tok = load_tokenizer(engine)
-    # The served runtime's own manager: engine_worker.build_manager (model, settings, sampling processors)
-    # is what model.py calls in the stub or in its engine process, so in-process differs from served by
-    # Triton and the ensemble only.
-    eng = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker")
     sampling = eng.load_sampling()
     t0 = time.perf_counter()
     manager, table, info = eng.build_manager(str(engine), settings, device, dtype)
@@ -559,10 +561,6 @@ def main(argv=None) -> int:
 
     if a.phase_child:  # one phase in this process
         ph = a.phase_child
-        if ph == "inproc-asworker":  # as the worker's bootstrap (model_repo/templates/_bootstrap.py) does, before
-            # transformers is imported: packages built for numpy 2 must look absent under the stub's numpy<2
-            for name in [n for n in os.environ.get("TRTPIPE_STUB_BLOCK_MODULES", "").split(",") if n]:
-                sys.modules.setdefault(name, None)
         global _PARTIAL
         _PARTIAL = work / "results" / f"{ph}.partial.json"
         if ph == "engine" and a.model == "smollm2":

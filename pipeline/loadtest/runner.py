@@ -263,11 +263,8 @@ def run_procs(plans: list[ProcPlan], start_margin_s: float = 0.2, on_warm=None) 
     ``on_warm()`` (optional) is called once every plan's warm-up requests have finished and before
     any measured request is sent (the server-metrics snapshot that the deltas start from).
     """
-    if len(plans) == 1:
-        def ready() -> None:
-            if on_warm is not None:
-                on_warm()
-        return [asyncio.run(_run(plans[0], ready=ready))]
+    if len(plans) == 1:  # _run calls ready() after the warm-up; its None return starts the clock there
+        return [asyncio.run(_run(plans[0], ready=on_warm))]
     ctx = mp.get_context("spawn")
     results, ready_q, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     t0v = ctx.Value("d", 0.0)

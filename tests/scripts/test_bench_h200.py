@@ -4,6 +4,7 @@ Opt-in (slow, about 2 minutes on 2 cores): the GPU run itself never runs in CI.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,10 @@ def test_bench_smoke(tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_h200.py"), "--smoke", "--tokenizer", str(tok),
            "--work", str(tmp_path / "work"), "--out", str(out), "--phases", "engine,repos,bandwidth,inproc,inproc-cudnn,served,inproc-asworker,stub,static",
            "--points", "16/4:2", "--requests", "2:1:2", "--tag", "smoke"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    # modules blocked as on the H200 (sklearn/SciPy built for numpy 2 there): every process that runs the generation
+    # loop, served or in-process, must block them before transformers is imported (inproc-asworker failed there)
+    env = dict(os.environ, TRTPIPE_STUB_BLOCK_MODULES="sklearn,scipy")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads((out / "bench-smoke.json").read_text())
     assert res["failures"] == {}

@@ -75,7 +75,7 @@ def build_manager(engine_dir, settings, device, dtype_name):
                             "process": process_facts()}
 
 
-_FACT_LIBS = ("libcublas", "libcublasLt", "libcudnn", "libcudart", "libnccl", "libnvrtc", "libtorch_cuda", "libpython",
+_FACT_LIBS = ("libcublas", "libcudnn", "libcudart", "libnccl", "libnvrtc", "libtorch_cuda", "libpython",
               "libgomp", "libiomp", "libjemalloc", "libtcmalloc")
 _FACT_ENV = ("OMP_", "MKL_", "CUDA_", "PYTORCH_", "TORCH_", "NCCL_", "LD_", "PYTHON", "MALLOC_", "KMP_")
 
@@ -88,20 +88,16 @@ def process_facts():
     import platform
 
     import torch
+    import transformers
 
     facts = {"python": _sys.executable, "python_version": platform.python_version(), "pid": _os.getpid(),
-             "torch": torch.__version__, "torch_file": torch.__file__, "cuda": torch.version.cuda,
+             "torch": torch.__version__, "torch_file": torch.__file__, "transformers": transformers.__version__,
+             "cuda": torch.version.cuda,
              "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
              "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
              "cpus_allowed": len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity") else None,
              "nice": _os.nice(0) if hasattr(_os, "nice") else None, "switch_interval_s": _sys.getswitchinterval(),
              "env": {k: v for k, v in sorted(_os.environ.items()) if k.startswith(_FACT_ENV)}}
-    try:
-        import transformers
-
-        facts["transformers"] = transformers.__version__
-    except Exception:
-        pass
     libs = set()
     try:
         with open("/proc/self/maps") as fh:
