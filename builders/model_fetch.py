@@ -178,14 +178,52 @@ def folder_digest(path: Path, max_bytes_per_file: int | None = None) -> str:
     return h.hexdigest()
 
 
+TOKENIZER_COMPAT = "transformers>=4.57"
+"""What every copied tokenizer loads with (see :func:`portable_tokenizer_config`); part of the stage keys
+of the stages that copy one, so a change of the rule rewrites them."""
+# tokenizer_class values only transformers 5 knows (its tokenizers-library class and backends, from
+# transformers 5's tokenization_utils_tokenizers.py); 4.57 resolves PreTrainedTokenizerFast from tokenizer.json.
+TRANSFORMERS5_TOKENIZER_CLASSES = ("TokenizersBackend",)
+
+
+def portable_tokenizer_config(cfg: dict, *, has_tokenizer_json: bool) -> dict:
+    """``tokenizer_config.json`` rewritten so transformers 4.57.x loads it and gives the same ids as 5.x.
+
+    TensorRT-LLM 1.2.1's containers (tritonserver:26.04-26.07-trtllm-python-py3) install transformers 4.57.x,
+    which refuses two things transformers 5 writes (``save_pretrained``): ``"tokenizer_class":
+    "TokenizersBackend"`` ("Tokenizer class TokenizersBackend does not exist") and ``extra_special_tokens`` as
+    a list (4.57 reads a dict there). With a ``tokenizer.json`` the class becomes ``PreTrainedTokenizerFast``
+    (which transformers 5 reads as an alias of the same backend) and the list becomes
+    ``additional_special_tokens``, the 4.x name for the same tokens. Anything else is kept as it is.
+    Checked by tests/builders/test_tokenizer_compat.py with both versions installed.
+    """
+    out = dict(cfg)
+    if has_tokenizer_json and out.get("tokenizer_class") in TRANSFORMERS5_TOKENIZER_CLASSES:
+        out["tokenizer_class"] = "PreTrainedTokenizerFast"
+    extra = out.get("extra_special_tokens")
+    if isinstance(extra, list):
+        del out["extra_special_tokens"]
+        known = list(out.get("additional_special_tokens") or [])
+        out["additional_special_tokens"] = known + [t for t in extra if t not in known]
+    return out
+
+
 def copy_tokenizer(src: Path, dst: Path) -> None:
-    """Copy tokenizer, chat template and generation config files from ``src`` to ``dst``."""
+    """Copy tokenizer, chat template and generation config files from ``src`` to ``dst``; the copy's
+    ``tokenizer_config.json`` is :func:`portable_tokenizer_config` of the source's."""
     dst.mkdir(parents=True, exist_ok=True)
     names = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
              "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json", "added_tokens.json"]
     for n in names:
         if (src / n).is_file():
+            (dst / n).unlink(missing_ok=True)  # dst may be a hard link into another stage's folder
             shutil.copy2(src / n, dst / n)
+    if (dst / "tokenizer_config.json").is_file():
+        cfg = json.loads((dst / "tokenizer_config.json").read_text())
+        fixed = portable_tokenizer_config(cfg, has_tokenizer_json=(dst / "tokenizer.json").is_file())
+        if fixed != cfg:
+            (dst / "tokenizer_config.json").unlink()
+            (dst / "tokenizer_config.json").write_text(json.dumps(fixed, indent=2, ensure_ascii=False) + "\n")
     if not (dst / "generation_config.json").exists() and (src / "config.json").is_file():
         cfg = json.loads((src / "config.json").read_text())
         gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
