@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from builders.model_fetch import TOKENIZER_COMPAT
 from pipeline.digest import source_digest
 from pipeline.errors import StageError
 from pipeline.fsutil import REPO_ROOT, atomic_dir, build_lock, cache_root, measure, write_json
@@ -205,7 +206,8 @@ def _checkpoint_stage(build, hf_dir, digest, out, versions, force, progress) -> 
     key = stage_key(stage="checkpoint", format=fmt, source=digest, quant=q.model_dump(mode="json"), dtype=s.dtype,
                     tp=s.parallelism.tp_size, pp=s.parallelism.pp_size, decoder=build.model.decoder_type,
                     modelopt=versions["nvidia-modelopt"], torch=versions["torch"],
-                    transformers=versions["transformers"])
+                    transformers=versions["transformers"],
+                    **({"tokenizer": TOKENIZER_COMPAT} if fmt == "hf_unified" else {}))
 
     def produce(tmp: Path) -> dict:
         samples: list = []
@@ -273,7 +275,7 @@ def _engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult, out, 
     from builders.engine_pytorch import build_pytorch_engine
 
     key = stage_key(stage="engine", runtime=s.runtime, checkpoint=ckpt.key, limits=_build_config(build),
-                    torch=versions["torch"], transformers=versions["transformers"])
+                    torch=versions["torch"], transformers=versions["transformers"], tokenizer=TOKENIZER_COMPAT)
     return run_stage("engine", out / "engine", key,
                      lambda tmp: build_pytorch_engine(ckpt.path, hf_dir, tmp, build_config=_build_config(build)),
                      force=force)
@@ -372,7 +374,8 @@ def trtllm_plugins(build: ResolvedBuild, target: TargetProfile, ckpt_dir: Path |
                            dtype=s.dtype, sm=target.sm, tp_size=s.parallelism.tp_size, pp_size=s.parallelism.pp_size,
                            architecture=arch, tokens_per_block=s.limits.tokens_per_block,
                            enable_kv_cache_reuse=s.serving.enable_kv_cache_reuse,
-                           enable_chunked_context=s.serving.enable_chunked_context)
+                           enable_chunked_context=s.serving.enable_chunked_context,
+                           use_fp8_context_fmha=s.quantization.use_fp8_context_fmha)
 
 
 def _trtllm_engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult, out, force,
@@ -391,7 +394,7 @@ def _trtllm_engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult
     executable = et.build_executable()
     if executable is None:
         key = stage_key(stage="bundle", tensorrt_llm=et.TRTLLM_VERSION, serving=s.serving.model_dump(mode="json"),
-                        templates=_templates_digest(), **engine_inputs)
+                        templates=_templates_digest(), tokenizer=TOKENIZER_COMPAT, **engine_inputs)
         from builders.bundle_trtllm import write_bundle
 
         final = out / "bundle"
@@ -404,7 +407,8 @@ def _trtllm_engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult
     versions = et.toolchain_versions()
     et.check_toolchain(versions, test_double=test_double)
     key = stage_key(stage="engine", runtime="trtllm", tensorrt_llm=versions["tensorrt-llm"],
-                    tensorrt=versions["tensorrt"], test_double=test_double, **engine_inputs)
+                    tensorrt=versions["tensorrt"], test_double=test_double, tokenizer=TOKENIZER_COMPAT,
+                    **engine_inputs)
     timing_cache = cache_root() / "trtllm-timing" / f"sm{target.sm}-trtllm{versions['tensorrt-llm']}.cache"
     return run_stage("engine", out / "engine", key, lambda tmp: et.build_trtllm_engine(
         ckpt_dir=ckpt.path, hf_dir=hf_dir, out_dir=tmp, build_config=bc, plugins=plugins, world_size=world,
@@ -416,7 +420,8 @@ def _llmapi_engine_stage(build, hf_dir, ckpt: StageResult, out, force) -> StageR
     from builders.quantize_hf import prepare_llmapi_engine
 
     bc = _build_config(build)
-    key = stage_key(stage="engine", runtime="trtllm-llmapi", checkpoint=ckpt.key, limits=bc)
+    key = stage_key(stage="engine", runtime="trtllm-llmapi", checkpoint=ckpt.key, limits=bc,
+                    tokenizer=TOKENIZER_COMPAT)
     return run_stage("engine", out / "engine", key,
                      lambda tmp: prepare_llmapi_engine(ckpt.path, hf_dir, tmp, build_config=bc), force=force)
 

@@ -422,9 +422,9 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
         quant_algo=q.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, sm=target.sm,
         tp_size=par.tp_size, pp_size=par.pp_size, architecture=shape.architecture,
         tokens_per_block=tpb, enable_kv_cache_reuse=sv.enable_kv_cache_reuse,
-        enable_chunked_context=sv.enable_chunked_context, strict=False)
+        enable_chunked_context=sv.enable_chunked_context, use_fp8_context_fmha=q.use_fp8_context_fmha,
+        strict=False)
     plugins = [PluginEntry(flag=d.flag, value=d.value, reason=d.reason, implicit=d.implicit) for d in decisions]
-    plugins = _apply_fp8_context_fmha(plugins, q.use_fp8_context_fmha)
 
     # Warnings: facts worth knowing that are not errors.
     if engine and shape.num_key_value_heads < tp:
@@ -463,16 +463,6 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 runtime_settings=(portable_runtime_settings(lim, kv, target.kind == "gpu", cap)
                                   if s.runtime == "pytorch" else []),
                 warnings=warnings)
-
-
-def _apply_fp8_context_fmha(plugins: list[PluginEntry], wanted: Optional[bool]) -> list[PluginEntry]:
-    """Apply ``quantization.use_fp8_context_fmha`` on top of the resolver's choice (null keeps it)."""
-    if wanted is None:
-        return plugins
-    out = [p for p in plugins if p.flag != "use_fp8_context_fmha"]
-    out.append(PluginEntry(flag="use_fp8_context_fmha", value="enable" if wanted else "disable",
-                           reason=f"spec: quantization.use_fp8_context_fmha = {str(wanted).lower()}", implicit=False))
-    return out
 
 
 def read_hf_config(hf_dir: Path) -> dict:

@@ -17,21 +17,13 @@ from builders.quantize import QUANT_RECIPES
 from pipeline.errors import Problem, SpecError
 from pipeline.spec import ResolvedBuild
 from pipeline.targets import TargetProfile
+from plugins.resolve import FP8_CONTEXT_FMHA_ALGOS, SM_FP8_MIN, SM_INT4_WO_REFUSED, fp8_context_fmha_refusal
 
 ENGINE_RUNTIMES = ("trtllm", "trtllm-llmapi")
-# SM thresholds (compute capability x 10); the same constants drive plugins/resolve.py.
-SM_FP8_MIN = 89
-"""FP8 tensor cores: Ada (8.9) and later. ModelOpt support matrix: FP8 and W4A8 "GPUs: Ada and
-Later" (https://nvidia.github.io/Model-Optimizer/guides/0_support_matrix.html); trtllm.md
-"Hardware gates"; triton.md "What breaks deployments" #14."""
-SM_FP8_CONTEXT_FMHA = 90
-"""FP8 context FMHA: "Note that only NVIDIA Hopper architecture is supported" (TensorRT-LLM
-docs/source/performance/perf-best-practices.md, "FP8 Context Fused Multi-Head Attention")."""
-SM_INT4_WO_REFUSED = range(100, 120)
-"""INT4/INT8 weight-only engines are refused by trtllm-build 1.2 on SM 100-119 (Blackwell)
-(trtllm.md "Hardware gates"; plugins/resolve.py SM_INT4_WO_REFUSED). Only the trtllm engine
-path is affected; the LLM API and portable runtimes use other kernels."""
-FP8_WEIGHT_ALGOS = ("FP8", "W4A8_AWQ")
+# SM gates live in plugins/resolve.py (SM_FP8_MIN: FP8 tensor cores from Ada, ModelOpt support matrix "GPUs:
+# Ada and Later"; SM_FP8_CONTEXT_FMHA: attentionOp.cpp's set; SM_INT4_WO_REFUSED: trtllm-build 1.2 refuses
+# INT4/INT8 weight-only engines on SM 100-119, the trtllm engine path only).
+FP8_WEIGHT_ALGOS = FP8_CONTEXT_FMHA_ALGOS  # FP8 tensor-core weights among our recipes: fp8, w4a8_awq
 WEIGHT_ONLY_INT_ALGOS = ("W4A16_AWQ", "W4A16", "W4A16_GPTQ", "W8A16")
 
 
@@ -121,12 +113,6 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
                                     f"an FP8 KV cache needs SM >= {SM_FP8_MIN}; target '{target.name}' is SM {sm}",
                                     "set quantization.kv_cache_quant_algo: null, or pick an SM >= 89 target",
                                     code="fp8_kv_sm"))
-        if q.use_fp8_context_fmha and sm < SM_FP8_CONTEXT_FMHA:
-            problems.append(Problem(w("quantization.use_fp8_context_fmha"), True,
-                                    f"FP8 context FMHA needs SM >= {SM_FP8_CONTEXT_FMHA} (Hopper); target "
-                                    f"'{target.name}' is SM {sm}", "remove quantization.use_fp8_context_fmha "
-                                    "(null lets the resolver decide) or set it to false",
-                                    code="fp8_context_fmha_sm"))
         if s.runtime == "trtllm" and recipe.quant_algo in WEIGHT_ONLY_INT_ALGOS and sm in SM_INT4_WO_REFUSED:
             problems.append(Problem(w("quantization.quant_algo"), q.quant_algo,
                                     f"trtllm-build 1.2 refuses INT4/INT8 weight-only engines ({recipe.quant_algo}) "
@@ -134,25 +120,29 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
                                     "use quant_algo fp8 (or w4a8_awq) on Blackwell, or runtime trtllm-llmapi",
                                     code="int4_sm100"))
         problems += _resolver_refusals(build, target, problems, w)
-    if q.use_fp8_context_fmha and recipe.quant_algo not in FP8_WEIGHT_ALGOS and q.kv_cache_quant_algo != "fp8":
-        problems.append(Problem(w("quantization.use_fp8_context_fmha"), True,
-                                "FP8 context FMHA needs an FP8 model (fp8, w4a8_awq) or an FP8 KV cache "
-                                "(trtllm.md: --use_fp8_context_fmha for FP8 model or W4A8)",
-                                "set quantization.kv_cache_quant_algo: fp8 or remove use_fp8_context_fmha",
-                                code="fp8_context_fmha_needs_fp8"))
+    # FP8 context FMHA: FP8/W4A8 checkpoints only, on the SMs whose kernels exist (plugins/resolve.py, one rule
+    # for the plan, the resolver and here).
+    refusal = fp8_context_fmha_refusal(recipe.quant_algo, sm if engine else None)
+    if q.use_fp8_context_fmha and refusal is not None:
+        problems.append(Problem(w("quantization.use_fp8_context_fmha"), True, refusal,
+                                "remove quantization.use_fp8_context_fmha (null lets the resolver decide) or set "
+                                "it to false", code="fp8_context_fmha_needs_fp8"
+                                if recipe.quant_algo not in FP8_CONTEXT_FMHA_ALGOS else "fp8_context_fmha_sm"))
 
     # KV-cache reuse and chunked context need an engine built with paged context FMHA
     # (https://nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html: "KV cache reuse
     # requires the model to be built for paged context attention"; triton.md what breaks #7).
     # The plugin resolver is the one place that decides the flag: check it agrees.
-    if sv.enable_kv_cache_reuse or sv.enable_chunked_context:
+    said = {p.code for p in problems} & {"fp8_context_fmha_vs_kv_cache", "fp8_kv_paged_context"}
+    if (sv.enable_kv_cache_reuse or sv.enable_chunked_context) and not said:
         from plugins.resolve import resolve_plugins
 
         decisions = resolve_plugins(
             quant_algo=q.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, sm=sm,
             tp_size=par.tp_size, pp_size=par.pp_size, architecture="LlamaForCausalLM",
             tokens_per_block=lim.tokens_per_block, enable_kv_cache_reuse=sv.enable_kv_cache_reuse,
-            enable_chunked_context=sv.enable_chunked_context, strict=False)
+            enable_chunked_context=sv.enable_chunked_context, use_fp8_context_fmha=q.use_fp8_context_fmha,
+            strict=False)
         paged = {d.flag: d.value for d in decisions}.get("use_paged_context_fmha")
         if paged != "enable":
             which = "serving.enable_kv_cache_reuse" if sv.enable_kv_cache_reuse else "serving.enable_chunked_context"
@@ -164,7 +154,9 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
 
 
 # Refusals the plugin resolver knows about that the rules above already report under their own code.
-_SAME_RULE = {"fp8_sm": {"fp8_sm", "fp8_kv_sm"}, "int_wo_blackwell": {"int4_sm100"}}
+_SAME_RULE = {"fp8_sm": {"fp8_sm", "fp8_kv_sm"}, "int_wo_blackwell": {"int4_sm100"},
+              "fp8_context_fmha_sm": {"fp8_context_fmha_sm"},
+              "fp8_context_fmha_needs_fp8": {"fp8_context_fmha_needs_fp8"}}
 
 
 def _resolver_refusals(build: ResolvedBuild, target: TargetProfile, found: list[Problem], w) -> list[Problem]:
@@ -177,7 +169,8 @@ def _resolver_refusals(build: ResolvedBuild, target: TargetProfile, found: list[
         resolve_plugins(quant_algo=q.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype,
                         sm=target.sm, tp_size=par.tp_size, pp_size=par.pp_size, architecture="LlamaForCausalLM",
                         tokens_per_block=lim.tokens_per_block, enable_kv_cache_reuse=sv.enable_kv_cache_reuse,
-                        enable_chunked_context=sv.enable_chunked_context)
+                        enable_chunked_context=sv.enable_chunked_context,
+                        use_fp8_context_fmha=q.use_fp8_context_fmha)
     except SpecError as exc:
         have = {p.code for p in found}
         return [Problem(w(p.field), p.value, p.rule, p.fix, p.code) for p in exc.problems

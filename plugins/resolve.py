@@ -5,7 +5,7 @@ options) into a list of :class:`PluginDecision`: the ``trtllm-build`` flag, its 
 reason, in the order they appear on the command line. The plan prints the list; the
 engine builder turns it into flags. Each rule cites the TensorRT-LLM behaviour it follows
 (``tensorrt_llm/commands/build.py`` and ``docs/source/legacy/performance/perf-best-practices.md``
-of TensorRT-LLM 1.2; summarised in shared/reference/trtllm.md).
+of TensorRT-LLM 1.2; the facts relied on are recorded in tests/facts/trtllm_1_2_1/trtllm_build.json).
 """
 
 from __future__ import annotations
@@ -16,16 +16,31 @@ from typing import Optional
 from builders.quantize import QUANT_RECIPES
 from pipeline.errors import Problem, SpecError
 
-# SM ranges (compute capability x 10). Sources (TensorRT-LLM 1.x):
-#   tensorrt_llm/builder.py build(): FP8 context FMHA only for quant_algo FP8/W4A8_AWQ/NVFP4 and SM >= 89;
-#     with paged context FMHA it also needs an FP8 KV cache, and an FP8 KV cache without FP8 context
-#     FMHA turns paged context FMHA off; INT4/INT8 weight-only, INT8 KV and SmoothQuant raise on SM 100-119.
-#   cpp/tensorrt_llm/plugins/gptAttentionCommon: "FP8 FMHA cannot be enabled except on Ada or Hopper Arch".
+# SM ranges (compute capability x 10), TensorRT-LLM 1.x (facts with their commits:
+# tests/facts/trtllm_1_2_1/trtllm_build.json):
+#   tensorrt_llm/builder.py build(): FP8 context FMHA only for quant_algo FP8/W4A8_AWQ/NVFP4 (off for the rest)
+#     and switched off below SM 89; with paged context FMHA it is forced to follow the KV cache: on with an FP8
+#     KV cache ("enabled to support FP8 Paged Context FMHA"), off without one; an FP8 KV cache without FP8
+#     context FMHA turns paged context FMHA off; INT4/INT8 weight-only, INT8 KV and SmoothQuant raise on SM 100-119.
 #   tensorrt_llm/plugin/plugin.py: flag names and value sets (cli_plugin_args, PLUGIN_DTYPE_OPTIONS_MAP).
 SM_FP8_MIN = 89             # Ada (8.9) and later have FP8 tensor cores
-SM_FP8_CONTEXT_FMHA = (89, 90)  # FP8 context FMHA kernels: Ada and Hopper only
+SM_FP8_CONTEXT_FMHA = (89, 90, 100, 103, 120, 121)
+"""SMs whose FP8 context FMHA kernels exist: AttentionOp::initialize refuses mFP8ContextFMHA on any other
+(cpp/tensorrt_llm/common/attentionOp.cpp @ eea41b73, the 1.x line; builder.py only checks SM >= 89)."""
 SM_INT4_WO_REFUSED = range(100, 120)  # Blackwell: INT4/INT8 weight-only and SmoothQuant engines refused
 FP8_CONTEXT_FMHA_ALGOS = ("FP8", "W4A8_AWQ")  # of our recipes; NVFP4 too upstream
+
+
+def fp8_context_fmha_refusal(quant_algo: Optional[str], sm: Optional[int]) -> Optional[str]:
+    """Why FP8 context FMHA cannot run for TensorRT-LLM ``quant_algo`` on ``sm`` (None: it can; ``sm`` None
+    means a CPU plan, where only the quantization is judged)."""
+    if quant_algo not in FP8_CONTEXT_FMHA_ALGOS:
+        return (f"{quant_algo or 'unquantized'} weights: trtllm-build runs FP8 context FMHA only for FP8 and "
+                "W4A8_AWQ checkpoints (builder.py switches it off for the rest)")
+    if sm is not None and sm not in SM_FP8_CONTEXT_FMHA:
+        return (f"FP8 context FMHA kernels exist for SM {', '.join(map(str, SM_FP8_CONTEXT_FMHA))} "
+                f"(attentionOp.cpp); the target is SM {sm}")
+    return None
 
 
 @dataclass(frozen=True)
@@ -51,8 +66,10 @@ class PluginDecision:
 def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtype: str, sm: Optional[int],
                     tp_size: int, pp_size: int, architecture: str, tokens_per_block: int,
                     enable_kv_cache_reuse: bool, enable_chunked_context: bool,
-                    multiple_profiles: bool = True, strict: bool = True) -> list[PluginDecision]:
-    """Resolve the plugin/feature flags for one build.
+                    use_fp8_context_fmha: Optional[bool] = None, multiple_profiles: bool = True,
+                    strict: bool = True) -> list[PluginDecision]:
+    """Resolve the plugin/feature flags for one build: the one source of both the plan's plugin table and
+    the trtllm-build command line.
 
     Args:
         quant_algo: our recipe key (``none``, ``fp8``, ``int4_awq``, ...).
@@ -63,9 +80,12 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
         architecture: checkpoint architecture (``LlamaForCausalLM``...).
         tokens_per_block: paged KV block size.
         enable_kv_cache_reuse, enable_chunked_context: serving options that need paged context FMHA.
+        use_fp8_context_fmha: the spec's ``quantization.use_fp8_context_fmha`` (None: decided here). Because
+            trtllm-build makes FP8 context FMHA follow the KV cache under paged context FMHA, an explicit
+            choice against the KV cache turns paged context FMHA off (or is refused when serving needs it).
         multiple_profiles: build several TensorRT optimisation profiles (faster at varied batch shapes).
-        strict: raise SpecError for what trtllm-build 1.2 refuses on this GPU; False resolves anyway
-            (the planner shows the table; :mod:`pipeline.preflight` reports the refusals with the rest).
+        strict: raise SpecError for what trtllm-build 1.2 refuses or silently undoes on this GPU; False
+            resolves anyway (the planner shows the table; :mod:`pipeline.preflight` reports the refusals).
 
     Returns:
         decisions in command-line order.
@@ -77,7 +97,7 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
     recipe = QUANT_RECIPES[quant_algo]
     qa = recipe.quant_algo
     if strict:
-        _check_hardware(qa, kv_cache_quant_algo, sm)
+        _check_hardware(qa, kv_cache_quant_algo, sm, use_fp8_context_fmha)
     fp8_model = qa == "FP8"
     kv_fp8 = kv_cache_quant_algo == "fp8"
     world = tp_size * pp_size
@@ -96,10 +116,14 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
                               "needed for in-flight batching"))
     out.append(PluginDecision("tokens_per_block", str(tokens_per_block), "spec: limits.tokens_per_block"))
 
-    fp8_ctx_possible = qa in FP8_CONTEXT_FMHA_ALGOS and sm in SM_FP8_CONTEXT_FMHA
+    refusal = fp8_context_fmha_refusal(qa, sm if sm is not None else SM_FP8_CONTEXT_FMHA[0])
+    fp8_ctx_possible = refusal is None and sm is not None
     wants_paged_ctx = enable_kv_cache_reuse or enable_chunked_context
     why = " and ".join(n for n, on in (("KV-cache reuse", enable_kv_cache_reuse),
                                         ("chunked context", enable_chunked_context)) if on)
+    # Under paged context FMHA trtllm-build sets FP8 context FMHA = (FP8 KV cache): a spec asking otherwise
+    # can only be honoured with paged context FMHA off.
+    against_kv = (fp8_ctx_possible and use_fp8_context_fmha is not None and use_fp8_context_fmha != kv_fp8)
     if kv_fp8 and not fp8_ctx_possible:
         # trtllm-build would switch paged context FMHA off itself ("FP8 Paged Context FMHA is disabled").
         if wants_paged_ctx and strict:
@@ -107,10 +131,22 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
                 "quantization.kv_cache_quant_algo", kv_cache_quant_algo,
                 f"{why} need(s) paged context FMHA, which TensorRT-LLM 1.2 disables with an FP8 KV cache unless "
                 f"FP8 context FMHA runs (weights {qa or 'unquantized'} on SM {sm}: it does not)",
-                "set kv_cache_quant_algo: null, or use quant_algo fp8 on an SM 89/90 target, or turn off "
+                "set kv_cache_quant_algo: null, or use quant_algo fp8 on an FP8-context-FMHA target, or turn off "
                 "serving.enable_kv_cache_reuse / enable_chunked_context", code="fp8_kv_paged_context")])
         out.append(PluginDecision("use_paged_context_fmha", "disable", "FP8 KV cache without FP8 context FMHA: "
                                   "trtllm-build cannot use paged context FMHA here"))
+        paged_ctx = False
+    elif against_kv:
+        if wants_paged_ctx and strict:
+            raise SpecError([Problem(
+                "quantization.use_fp8_context_fmha", use_fp8_context_fmha,
+                f"{why} need(s) paged context FMHA, under which trtllm-build turns FP8 context FMHA "
+                f"{'on' if kv_fp8 else 'off'} to match the {'FP8' if kv_fp8 else 'unquantized'} KV cache "
+                "(builder.py build())", "remove quantization.use_fp8_context_fmha (null follows the KV cache), "
+                "or change kv_cache_quant_algo", code="fp8_context_fmha_vs_kv_cache")])
+        out.append(PluginDecision("use_paged_context_fmha", "disable",
+                                  f"spec: quantization.use_fp8_context_fmha = {str(use_fp8_context_fmha).lower()} "
+                                  "differs from the KV cache, which paged context FMHA would impose"))
         paged_ctx = False
     else:
         out.append(PluginDecision("use_paged_context_fmha", "enable",
@@ -120,15 +156,18 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
         paged_ctx = True
     # FP8 context FMHA defaults to on in 1.2 (and is forced for non-FP8 models in 1.2.0: issue #12877):
     # say it explicitly either way.
-    if fp8_ctx_possible and (kv_fp8 or not paged_ctx):
-        out.append(PluginDecision("use_fp8_context_fmha", "enable", f"{qa} weights on SM {sm} with "
+    on = fp8_ctx_possible and (use_fp8_context_fmha if use_fp8_context_fmha is not None
+                               else (kv_fp8 or not paged_ctx))
+    if on:
+        out.append(PluginDecision("use_fp8_context_fmha", "enable",
+                                  "spec: quantization.use_fp8_context_fmha = true" if use_fp8_context_fmha else
+                                  f"{qa} weights on SM {sm} with "
                                   f"{'an FP8 KV cache' if kv_fp8 else 'contiguous context FMHA'}: FP8 context "
                                   "attention kernels"))
     else:
-        reason = (f"{qa or 'unquantized'} weights: FP8 context FMHA needs the FP8 quantization workflow"
-                  if qa not in FP8_CONTEXT_FMHA_ALGOS else
-                  f"FP8 context FMHA kernels exist only for SM 89/90 (target SM {sm})"
-                  if sm not in SM_FP8_CONTEXT_FMHA else
+        reason = ("spec: quantization.use_fp8_context_fmha = false" if use_fp8_context_fmha is False
+                  else refusal if refusal is not None else
+                  "no GPU target (CPU plan)" if sm is None else
                   "FP8 paged context FMHA needs an FP8 KV cache (kv_cache_quant_algo: fp8)")
         out.append(PluginDecision("use_fp8_context_fmha", "disable", reason))
     if world > 1:
@@ -155,11 +194,20 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
     return out
 
 
-def _check_hardware(qa: Optional[str], kv_cache_quant_algo: Optional[str], sm: Optional[int]) -> None:
+def _check_hardware(qa: Optional[str], kv_cache_quant_algo: Optional[str], sm: Optional[int],
+                    use_fp8_context_fmha: Optional[bool] = None) -> None:
     """Refuse what trtllm-build 1.2 refuses on this GPU, before any GPU time is spent."""
-    if sm is None:
-        return
     problems = []
+    refusal = fp8_context_fmha_refusal(qa, sm)
+    if use_fp8_context_fmha and refusal is not None:
+        problems.append(Problem("quantization.use_fp8_context_fmha", True, refusal,
+                                "remove quantization.use_fp8_context_fmha (null lets the resolver decide) or set "
+                                "it to false", code="fp8_context_fmha_needs_fp8" if sm is None or
+                                qa not in FP8_CONTEXT_FMHA_ALGOS else "fp8_context_fmha_sm"))
+    if sm is None:
+        if problems:
+            raise SpecError(problems)
+        return
     if (qa in ("FP8", "W4A8_AWQ") or kv_cache_quant_algo == "fp8") and sm < SM_FP8_MIN:
         problems.append(Problem("quantization.quant_algo", qa, f"FP8 needs SM >= {SM_FP8_MIN} (target SM {sm})",
                                 "use int4_awq or none on this GPU, or an Ada/Hopper/Blackwell target",
