@@ -9,7 +9,8 @@ tritonclient), checks that every ensemble step maps onto real inputs/outputs, an
 the folder atomically.
 
 Layout and tensor names follow the TensorRT-LLM backend's
-``all_models/inflight_batcher_llm`` (see shared/reference/triton.md).
+``all_models/inflight_batcher_llm`` of TensorRT-LLM 1.2.1; the facts the generated configs must match
+(parameter keys the C++ backend reads, tensor names and dtypes) are recorded in tests/facts/trtllm_1_2_1/.
 """
 
 from __future__ import annotations
@@ -61,36 +62,51 @@ class PassThrough:
     dims: str = "[ 1 ]"
 
 
-# Optional ensemble inputs forwarded to `tensorrt_llm` (TensorRT-LLM's name mapping, triton.md).
+# Optional ensemble inputs forwarded to `tensorrt_llm` (client name -> backend name), as the upstream
+# ensemble maps them (TensorRT-LLM triton_backend/all_models/inflight_batcher_llm/ensemble/config.pbtxt;
+# names, dtypes and dims recorded in tests/facts/trtllm_1_2_1/model_templates.json and checked there).
 RUNTIME_INPUTS: tuple[PassThrough, ...] = (
     PassThrough("stream", "streaming", "TYPE_BOOL"),
     PassThrough("return_perf_metrics", "return_perf_metrics", "TYPE_BOOL"),
     PassThrough("top_k", "runtime_top_k", "TYPE_INT32"),
     PassThrough("top_p", "runtime_top_p", "TYPE_FP32"),
     PassThrough("temperature", "temperature", "TYPE_FP32"),
-    PassThrough("seed", "random_seed", "TYPE_UINT64"),
+    PassThrough("seed", "seed", "TYPE_UINT64"),  # the backend reads `seed` (utils.h InputFieldsNames, r25.12 on)
     PassThrough("repetition_penalty", "repetition_penalty", "TYPE_FP32"),
     PassThrough("presence_penalty", "presence_penalty", "TYPE_FP32"),
     PassThrough("frequency_penalty", "frequency_penalty", "TYPE_FP32"),
     PassThrough("min_tokens", "min_tokens", "TYPE_INT32"),
     PassThrough("exclude_input_in_output", "exclude_input_in_output", "TYPE_BOOL"),
     PassThrough("return_log_probs", "return_log_probs", "TYPE_BOOL"),
+    PassThrough("return_context_logits", "return_context_logits", "TYPE_BOOL"),
+    PassThrough("return_generation_logits", "return_generation_logits", "TYPE_BOOL"),
     PassThrough("num_return_sequences", "num_return_sequences", "TYPE_INT32"),
     PassThrough("beam_width", "beam_width", "TYPE_INT32"),
 )
-# Optional outputs of `tensorrt_llm` passed to the client as they are (log probs when
-# return_log_probs is true; sequence_index names the sequence of num_return_sequences).
+# Optional outputs of `tensorrt_llm` passed to the client as they are: log probs (return_log_probs), logits
+# (return_context_logits / return_generation_logits), which sequence of num_return_sequences and which
+# batch entry a response belongs to.
 RUNTIME_OUTPUTS: tuple[PassThrough, ...] = (
     PassThrough("sequence_index", "sequence_index", "TYPE_INT32"),
+    PassThrough("batch_index", "batch_index", "TYPE_INT32"),
     PassThrough("cum_log_probs", "cum_log_probs", "TYPE_FP32", "[ -1 ]"),
     PassThrough("output_log_probs", "output_log_probs", "TYPE_FP32", "[ -1, -1 ]"),
+    PassThrough("context_logits", "context_logits", "TYPE_FP32", "[ -1, -1 ]"),
+    PassThrough("generation_logits", "generation_logits", "TYPE_FP32", "[ -1, -1, -1 ]"),
 )
-# Optional outputs returned by `tensorrt_llm` when return_perf_metrics is true (unix ns, block counts).
-PERF_OUTPUTS: tuple[PassThrough, ...] = tuple(
-    PassThrough(n, n, "TYPE_INT64") for n in
-    ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-     "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks"))
+# The outputs of a request with return_perf_metrics. The C++ backend writes all eleven whenever the flag is
+# set (model_instance_state.cc fillTritonResponse), and Triton fails the response on an output the config
+# does not declare, so every one is declared, with the backend's dtypes (tests/facts/trtllm_1_2_1/perf_outputs.json).
+PERF_OUTPUTS: tuple[PassThrough, ...] = tuple(PassThrough(n, n, t) for n, t in (
+    ("kv_cache_alloc_new_blocks", "TYPE_INT32"), ("kv_cache_reused_blocks", "TYPE_INT32"),
+    ("kv_cache_alloc_total_blocks", "TYPE_INT32"),
+    ("arrival_time_ns", "TYPE_INT64"), ("first_scheduled_time_ns", "TYPE_INT64"),
+    ("first_token_time_ns", "TYPE_INT64"), ("last_token_time_ns", "TYPE_INT64"),
+    ("acceptance_rate", "TYPE_FP32"), ("total_accepted_draft_tokens", "TYPE_INT32"),
+    ("total_draft_tokens", "TYPE_INT32")))
 PASS_OUTPUTS = RUNTIME_OUTPUTS + PERF_OUTPUTS
+EXCLUDE_INPUT_REASON = ("the backend's default (docs/model_config.md): a non-streaming response leads with the "
+                        "prompt unless the request sends exclude_input_in_output true; streaming never does")
 
 
 @dataclass
@@ -314,7 +330,7 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
              "spec: serving.instance_counts.postprocessing")
 
     if s.runtime == "trtllm":
-        llm = _plan_trtllm_model(build, engine_dir, bc, engine_src, decoupled, dec_src)
+        llm = _plan_trtllm_model(build, target, engine_dir, bc, engine_src, decoupled, dec_src)
         common(llm)
     else:
         llm = _plan_python_llm_model(build, target, engine_dir, bc, engine_src, decoupled, dec_src, kv_pool_tokens)
@@ -375,8 +391,7 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")
-    llm.set("exclude_input_in_output", True, "outputs carry generated tokens only (what postprocessing counts); "
-            "a request may send exclude_input_in_output false")
+    llm.set("exclude_input_in_output", False, EXCLUDE_INPUT_REASON)
     llm.set("cancellation_check_period_ms", 100, "how often cancelled requests are looked for (backend default)")
     llm.set("runtime_inputs", ",\n".join(
         f'  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} optional: true }}'
@@ -388,7 +403,7 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     return llm
 
 
-def _plan_trtllm_model(build, engine_dir: Path, bc: dict, engine_src: str, decoupled: bool,
+def _plan_trtllm_model(build, target, engine_dir: Path, bc: dict, engine_src: str, decoupled: bool,
                        dec_src: str) -> ModelPlan:
     """The C++ `tensorrtllm`-backend model over a trtllm-build engine: every parameter explicit."""
     s = build.settings
@@ -409,18 +424,27 @@ def _plan_trtllm_model(build, engine_dir: Path, bc: dict, engine_src: str, decou
             "spec: serving.max_tokens_in_paged_kv_cache" if kv else
             "plan: max_batch_size x max_seq_len (every slot can hold a full sequence; the memory fraction "
             "still caps it)")
-    llm.set("exclude_input_in_output", True, "outputs carry generated tokens only (what postprocessing counts)")
+    llm.set("exclude_input_in_output", False, EXCLUDE_INPUT_REASON)
     beams = bc["max_beam_width"]
     llm.set("decoding_mode", "beam_search" if beams > 1 else "top_k_top_p",
             f"{engine_src}.max_beam_width = {beams}")
     llm.set("max_beam_width", beams, f"{engine_src}.max_beam_width")
-    ids = ",".join(str(i) for i in range(world))
-    llm.set("gpu_device_ids", ids, f"one GPU per rank: world_size = tp x pp = {world}")
-    llm.set("participant_ids", ids, f"leader mode: MPI ranks 0..{world - 1} run the engine")
+    gpn = s.parallelism.gpus_per_node or target.gpus_per_node
+    local = min(world, gpn)
+    llm.set("gpu_device_ids", ",".join(str(i) for i in range(local)),
+            f"node-local CUDA ids 0..{local - 1}: each node runs min(world_size {world}, gpus_per_node {gpn}) ranks "
+            "(WorldConfig refuses ids >= gpus_per_node)")
+    llm.set("participant_ids", ",".join(str(i) for i in range(world)),
+            f"leader mode: MPI ranks 0..{world - 1} run the engine")
     llm.set("cancellation_check_period_ms", 100, "how often cancelled requests are looked for (backend default)")
     llm.set("multi_block_mode", True, "TensorRT-LLM 1.x default: split long-context decode attention over blocks")
     llm.set("cuda_graph_mode", False, "backend default: CUDA graphs off (engine profiles already cover shapes)")
     llm.set("normalize_log_probs", True, "backend default: log probs normalised")
+    # Read with no fallback by getGuidedDecodingConfigFromParams (model_instance_state.cc): a missing key
+    # fails the model's load. Empty values leave guided decoding off.
+    llm.set("tokenizer_dir", "", "guided decoding off (the backend reads the key unconditionally)")
+    llm.set("xgrammar_tokenizer_info_path", "", "guided decoding off (the backend reads the key unconditionally)")
+    llm.set("guided_decoding_backend", "", "guided decoding off (the backend reads the key unconditionally)")
     llm.set("runtime_inputs", ",\n".join(
         f'  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} reshape: {{ shape: [ ] }} '
         'optional: true }' for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")

@@ -60,7 +60,7 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
     """tritonclient gRPC InferInput list for the ensemble (batch dim 1).
 
     ``extra`` maps further optional ensemble inputs to scalars (dtype from the value: bool,
-    int -> INT32 (``seed`` -> UINT64, TensorRT-LLM's random_seed), float -> FP32).
+    int -> INT32 (``seed`` -> UINT64, as the ensemble declares it), float -> FP32).
     """
     import tritonclient.grpc as grpcclient
 
@@ -90,8 +90,11 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
     return inputs
 
 
-PERF_NAMES = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
-              "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks")
+PERF_NAMES = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+              "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+              "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")
+"""The outputs of a request with return_perf_metrics (model_repo.generate.PERF_OUTPUTS declares them with the
+backend's dtypes; a test checks the two lists agree)."""
 
 
 def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensemble", timeout_s: float = 300.0,
@@ -153,7 +156,7 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
             n = 0 if cnt is None or cnt.size == 0 else int(cnt.reshape(-1).sum())
             perf = None
             if perf_metrics and arr is not None:
-                perf = {k: int(v.reshape(-1)[0]) for k in PERF_NAMES if (v := result.as_numpy(k)) is not None}
+                perf = {k: v.reshape(-1)[0].item() for k in PERF_NAMES if (v := result.as_numpy(k)) is not None}
             extra = {k: v for k in extra_outputs if (v := result.as_numpy(k)) is not None} if extra_outputs else None
             if arr is not None or final:
                 yield Chunk(text_out, n, final, t, perf, extra)

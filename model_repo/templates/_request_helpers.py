@@ -25,4 +25,16 @@ def _prompt_ids(request):
     ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy().reshape(-1)
     n = int(_opt_scalar(request, "input_lengths", ids.size))
     return [int(x) for x in ids[:n]]
+
+
+def _output_dtypes(cfg):
+    """numpy dtype of each output the model's config declares (its data_type), so responses match it."""
+    return {o["name"]: pb_utils.triton_string_to_numpy(o["data_type"]) for o in cfg.get("output", [])}
+
+
+def _perf_tensors(dtypes, values):
+    """The return_perf_metrics outputs ([1, 1] each) in the dtypes the config declares for them (the C++
+    backend's: INT32 block and draft counts, INT64 times, FP32 acceptance_rate); names it lacks are skipped."""
+    return [pb_utils.Tensor(name, np.asarray([[value]], dtype=dtypes[name])) for name, value in values.items()
+            if name in dtypes]
 # --- end of request helpers

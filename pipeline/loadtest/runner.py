@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tritonclient.utils import triton_to_np_dtype
+
 from pipeline.client import PERF_NAMES, build_inputs
 from pipeline.loadtest.metrics import RequestRecord
 from pipeline.loadtest.workload import RequestSpec
@@ -137,10 +139,10 @@ class Connection:
                     for i, out in enumerate(ir.outputs):
                         if out.name == "num_output_tokens":
                             n = int(np.frombuffer(ir.raw_output_contents[i], dtype="<i4").sum())
-                        elif out.name in PERF_NAMES:
+                        elif out.name in PERF_NAMES:  # INT32 counters, INT64 times, FP32 acceptance_rate
                             rec.server = rec.server or {}
-                            rec.server[out.name] = int.from_bytes(ir.raw_output_contents[i][:8], "little",
-                                                                  signed=True)
+                            rec.server[out.name] = np.frombuffer(ir.raw_output_contents[i], dtype=np.dtype(
+                                triton_to_np_dtype(out.datatype)).newbyteorder("<"))[0].item()
                     rec.response_times.append(now)
                     rec.response_tokens.append(n)
                 final = ir.parameters["triton_final_response"].bool_param \

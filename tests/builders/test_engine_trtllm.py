@@ -88,3 +88,18 @@ def test_serve_argv_leader_mode():
         assert f"shm-region-prefix-name=prefix{i}_" in cmd
         assert ("--load-model=tensorrt_llm" in cmd) == (i != 0)
         assert ("--model-control-mode=explicit" in cmd) == (i != 0)
+
+
+def test_double_accepts_what_the_real_one_accepts(tmp_path):
+    """Case-insensitive enums (--kv_cache_type goes through KVCacheType.from_string) and the aliases of the
+    real parser (trtllm_build.json); the value sets are the facts' own, so the double cannot drift from them."""
+    from tests.doubles.trtllm_build import parser
+
+    p = parser()
+    for value in ("paged", "PAGED", "Paged", "continuous"):
+        assert p.parse_args(["--kv_cache_type", value]).kv_cache_type in ("paged", "continuous")
+    assert p.parse_args(["--max_decoder_seq_len", "64"]).max_seq_len == 64
+    assert p.parse_args(["--max_multimodal_len", "8"]).max_prompt_embedding_table_size == 8
+    for bad in (["--use_fp8_context_fmha", "ENABLE"], ["--log_level", "loud"], ["--workers", "two"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Test double for TensorRT-LLM 1.2.1's ``trtllm-build``.
 
-It accepts exactly the flags (names and value sets) that ``trtllm-build`` 1.2 accepts and
-rejects anything else with argparse's usage error (exit 2), like the real one. Source of the
-flag list: TensorRT-LLM ``tensorrt_llm/commands/build.py`` (parse_arguments) and
-``tensorrt_llm/plugin/plugin.py`` (cli_plugin_args, DEFAULT_PLUGIN_DTYPE_OPTIONS,
-PLUGIN_DTYPE_OPTIONS_MAP) of the 1.x line, read through the project's code search. The
-auto-parallel flags of older releases are left out: the pipeline never passes them.
+It accepts exactly the flags (names, aliases, value sets, case rules) that ``trtllm-build`` 1.2 accepts
+and rejects anything else with argparse's usage error (exit 2), like the real one. The parser is built
+from tests/facts/trtllm_1_2_1/trtllm_build.json, the facts recorded from TensorRT-LLM's
+``tensorrt_llm/commands/build.py`` (parse_arguments) and ``tensorrt_llm/plugin/plugin.py``
+(cli_plugin_args) with their commits, so the double and the facts cannot drift apart. Values the real
+tool converts before checking (``--kv_cache_type`` through ``KVCacheType.from_string``, which
+upper-cases) are accepted in any case, as there.
 
 Then it writes a fake engine folder (config.json with ``build_config`` and ``pretrained_config``,
 one ``rank{r}.engine`` per rank of the checkpoint's mapping) so the output check can run.
@@ -23,49 +24,37 @@ import sys
 import time
 from pathlib import Path
 
-DTYPE = ["auto", "float16", "float32", "bfloat16", "int32", "disable"]
-PLUGIN_CHOICES = {
-    "bert_attention_plugin": DTYPE, "gpt_attention_plugin": DTYPE,
-    "gemm_plugin": ["auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"],
-    "gemm_swiglu_plugin": ["fp8", "disable"], "fp8_rowwise_gemm_plugin": DTYPE, "lora_plugin": DTYPE,
-    "moe_plugin": DTYPE, "mamba_conv1d_plugin": DTYPE, "nccl_plugin": DTYPE,
-    "low_latency_gemm_plugin": ["fp8", "disable"], "low_latency_gemm_swiglu_plugin": ["fp8", "disable"],
-    "gemm_allreduce_plugin": ["float16", "bfloat16", "disable"],
-}
-FEATURES = ["dora_plugin", "context_fmha", "bert_context_fmha_fp32_acc", "remove_input_padding",
-            "use_paged_context_fmha", "use_fp8_context_fmha", "fuse_fp4_quant", "multiple_profiles", "paged_state",
-            "streamingllm", "norm_quant_fusion", "reduce_fusion", "user_buffer", "use_fused_mlp",
-            "pp_reduce_scatter"]
+FACTS = Path(__file__).resolve().parents[1] / "facts" / "trtllm_1_2_1" / "trtllm_build.json"
+
+
+def _choice(choices, case_insensitive):
+    """argparse type for a value set; case-insensitive ones are compared upper-cased, as from_string does."""
+    allowed = {str(c).upper() if case_insensitive else str(c): str(c) for c in choices}
+
+    def convert(value):
+        key = value.upper() if case_insensitive else value
+        if key not in allowed:
+            raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from {', '.join(map(str, choices))})")
+        return allowed[key]
+    return convert
 
 
 def parser() -> argparse.ArgumentParser:
+    facts = json.loads(FACTS.read_text())
     p = argparse.ArgumentParser(prog="trtllm-build")
-    for name in ("checkpoint_dir", "model_config", "build_config", "model_cls_file", "model_cls_name",
-                 "input_timing_cache", "output_timing_cache", "visualize_network", "paged_kv_cache"):
-        p.add_argument(f"--{name}", type=str)
-    p.add_argument("--output_dir", type=str, default="engine_outputs")
-    for name in ("max_batch_size", "max_input_len", "max_beam_width", "max_num_tokens", "opt_num_tokens",
-                 "max_encoder_input_len", "max_draft_len", "max_lora_rank", "workers", "tokens_per_block"):
-        p.add_argument(f"--{name}", type=int)
-    p.add_argument("--max_seq_len", "--max_decoder_seq_len", dest="max_seq_len", type=int)
-    p.add_argument("--max_prompt_embedding_table_size", "--max_multimodal_len", type=int)
-    p.add_argument("--kv_cache_type", choices=["continuous", "paged", "disabled"])
-    p.add_argument("--profiling_verbosity", choices=["layer_names_only", "detailed", "none"])
-    for flag in ("strip_plan", "weight_sparsity", "weight_streaming", "fast_build", "enable_debug_output",
-                 "dry_run", "monitor_memory", "gather_context_logits", "gather_generation_logits",
-                 "gather_all_token_logits"):
-        p.add_argument(f"--{flag}", action="store_true")
-    p.add_argument("--log_level", choices=["internal_error", "error", "warning", "info", "verbose", "debug", "trace"])
-    p.add_argument("--logits_dtype", choices=["float16", "float32"])
-    p.add_argument("--lora_dir", nargs="+")
-    p.add_argument("--lora_ckpt_source", choices=["hf", "nemo"])
-    p.add_argument("--lora_target_modules", nargs="+")
-    p.add_argument("--speculative_decoding_mode",
-                   choices=["draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle"])
-    for name, choices in PLUGIN_CHOICES.items():
-        p.add_argument(f"--{name}", choices=choices)
-    for name in FEATURES:
-        p.add_argument(f"--{name}", choices=["enable", "disable"])
+    for flag, f in {**facts["flags"], **facts["plugin_flags"]}.items():
+        names = [flag, *f.get("aliases", [])]
+        kw = {"dest": f["dest"]} if f.get("dest") else {}
+        if f.get("nargs"):
+            kw["nargs"] = f["nargs"]
+        if f["type"] == "store_true":
+            p.add_argument(*names, action="store_true", **kw)
+        elif f["type"] == "int":
+            p.add_argument(*names, type=int, **kw)
+        elif f["type"] == "choice":
+            p.add_argument(*names, type=_choice(f["choices"], f.get("case_insensitive")), **kw)
+        else:
+            p.add_argument(*names, type=str, **kw)
     return p
 
 
@@ -80,7 +69,7 @@ def main() -> int:
     world = ckpt.get("mapping", {}).get("world_size", 1)
     print("[TRT-LLM] [I] Set dtype to %s." % ckpt.get("dtype"), flush=True)
     delay = float(os.environ.get("TRTPIPE_DOUBLE_SLEEP", "0"))
-    out = Path(args.output_dir)
+    out = Path(args.output_dir or "engine_outputs")  # the real default
     out.mkdir(parents=True, exist_ok=True)
     for r in range(world):
         print(f"[TRT-LLM] [I] building rank {r}", flush=True)

@@ -12,23 +12,26 @@ import sys
 
 import pytest
 
-from model_repo.generate import TEMPLATES, load_template_module, plan_repository, render_model_py, write_repository
+from model_repo.generate import (PASS_OUTPUTS, TEMPLATES, load_template_module, plan_repository, render_model_py,
+                                 write_repository)
 from pipeline.spec import load_spec
 from pipeline.targets import get_target
 from tests.conftest import _smollm2_tokenizer_dir, write_spec
 
 _path = TEMPLATES / "tensorrt_llm_llmapi" / "1" / "request_params.py"
+TRITON_NP = {"TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_FP32": "float32", "TYPE_BOOL": "bool"}
 rp = load_template_module("tensorrt_llm_llmapi/1/request_params.py", "llmapi_request_params")  # as model.py loads it
 
 # SamplingParams fields (TensorRT-LLM 1.2.1, tensorrt_llm/sampling_params.py) this runtime may set.
 FIELDS = {"end_id", "pad_id", "max_tokens", "stop", "stop_token_ids", "bad", "bad_token_ids", "n", "best_of",
           "use_beam_search", "top_k", "top_p", "seed", "temperature", "min_tokens", "repetition_penalty",
-          "presence_penalty", "frequency_penalty", "logprobs"}
+          "presence_penalty", "frequency_penalty", "logprobs", "return_context_logits",
+          "return_generation_logits"}
 
 
 def opts(max_new_tokens=16, **inputs):
     kw = {k: inputs.pop(k) for k in ("max_beam_width", "max_batch_size", "stop_words", "bad_words", "decode",
-                                     "exclude_input_default") if k in inputs}
+                                     "exclude_input_default", "embedding_bias", "vocab_size") if k in inputs}
     kw.setdefault("max_batch_size", 8)
     return rp.request_options(inputs.get, max_new_tokens=max_new_tokens, **kw)
 
@@ -36,11 +39,13 @@ def opts(max_new_tokens=16, **inputs):
 def test_nothing_sent_is_greedy_with_the_backend_defaults():
     o = opts()
     assert o.sampling == {"max_tokens": 16, "top_k": 1}
-    assert (o.num_sequences, o.beam_search, o.exclude_input, o.return_log_probs) == (1, False, True, False)
+    # exclude_input_in_output: false unless sent, the backend's default (docs/model_config.md)
+    assert (o.num_sequences, o.beam_search, o.exclude_input, o.return_log_probs) == (1, False, False, False)
+    assert (o.context_logits, o.generation_logits, o.embedding_bias) == (False, False, None)
 
 
 def test_sampling_inputs_map_onto_sampling_params():
-    o = opts(temperature=0.7, runtime_top_k=40, runtime_top_p=0.9, random_seed=2**63 + 5, repetition_penalty=1.1,
+    o = opts(temperature=0.7, runtime_top_k=40, runtime_top_p=0.9, seed=2**63 + 5, repetition_penalty=1.1,
              presence_penalty=0.5, frequency_penalty=-0.25, min_tokens=4, return_log_probs=True, end_id=2, pad_id=0)
     assert o.sampling == {"max_tokens": 16, "end_id": 2, "pad_id": 0, "temperature": 0.7, "top_k": 40, "top_p": 0.9,
                           "seed": 2**63 + 5, "repetition_penalty": 1.1, "presence_penalty": 0.5,
@@ -141,9 +146,10 @@ def test_llmapi_repository_carries_the_mapping_and_its_model_compiles(tmp_path):
     assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "request_params.py").read_text() == _path.read_text()
     compile(render_model_py("tensorrt_llm_llmapi"), "model.py", "exec")
     config = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
-    for name in ("temperature", "runtime_top_k", "runtime_top_p", "random_seed", "repetition_penalty",
+    for name in ("temperature", "runtime_top_k", "runtime_top_p", "seed", "repetition_penalty",
                  "presence_penalty", "frequency_penalty", "min_tokens", "return_log_probs", "num_return_sequences",
-                 "beam_width", "exclude_input_in_output", "stop_words_list", "bad_words_list"):
+                 "beam_width", "exclude_input_in_output", "stop_words_list", "bad_words_list", "embedding_bias",
+                 "return_context_logits", "return_generation_logits"):
         assert f'name: "{name}"' in config, name  # every input the mapping reads is declared
 
 
@@ -247,7 +253,9 @@ def llmapi_model(tmp_path, monkeypatch):
     model = mod.TritonPythonModel()
     model.SamplingParams = dict  # records the keyword arguments it is built with
     model.max_input_len, model.max_seq_len, model.max_beam_width, model.max_batch_size = 64, 128, 1, 4
-    model.exclude_input_default = True
+    model.exclude_input_default = False
+    model.vocab_size = 1000
+    model.output_dtypes = {o.runtime_name: TRITON_NP[o.data_type] for o in PASS_OUTPUTS}
     model.llm = _FakeLLM()
     model.loop = asyncio.new_event_loop()
     thread = threading.Thread(target=model.loop.run_forever, daemon=True)
@@ -292,8 +300,44 @@ def test_model_streams_every_sequence_with_its_index_and_log_probs(llmapi_model)
         per_seq.setdefault(seq, []).append(t)
     for seq, responses in per_seq.items():
         tokens = [int(x) for t in responses for x in t["output_ids"].reshape(-1)]
-        assert tokens == [1, 2, 3, 100 + 10 * seq, 101 + 10 * seq, 102 + 10 * seq]  # the prompt leads
+        # streamed: never the prompt, whatever exclude_input_in_output says (the C++ backend's rule)
+        assert tokens == [100 + 10 * seq, 101 + 10 * seq, 102 + 10 * seq]
         lps = [round(float(x), 3) for t in responses for x in t["output_log_probs"].reshape(-1)]
-        assert lps == [0.0, 0.0, 0.0, 0.0, -0.1, -0.2]
+        assert lps == [0.0, -0.1, -0.2]
         assert round(float(responses[-1]["cum_log_probs"].reshape(-1)[0]), 3) == -0.3
     assert sorted(per_seq) == [0, 1]
+
+
+def test_seed_is_read_from_the_backends_input_name():
+    """The 1.2.1 backend and ensemble call it `seed` (utils.h InputFieldsNames); `random_seed` is the old name."""
+    assert opts(seed=11, temperature=1.0).sampling["seed"] == 11
+    assert "seed" not in opts(random_seed=11, temperature=1.0).sampling
+
+
+def test_logits_and_embedding_bias_map_onto_sampling_params():
+    o = opts(return_context_logits=True, return_generation_logits=True, embedding_bias=[0.0, 2.5, -1.0],
+             vocab_size=10)
+    assert o.sampling["return_context_logits"] is True and o.sampling["return_generation_logits"] is True
+    assert (o.context_logits, o.generation_logits, o.embedding_bias) == (True, True, [0.0, 2.5, -1.0])
+    assert set(o.sampling) <= FIELDS
+    assert opts(embedding_bias=[0.0, 0.0]).embedding_bias is None  # all zeros: no bias
+    with pytest.raises(rp.RequestOptionError, match="vocab_size 2"):
+        opts(embedding_bias=[1.0, 1.0, 1.0], vocab_size=2)
+    with pytest.raises(rp.RequestOptionError, match="finite"):
+        opts(embedding_bias=[float("nan")])
+
+
+def test_model_leads_a_non_streaming_answer_with_the_prompt_and_sends_perf_in_backend_dtypes(llmapi_model):
+    req = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8], return_perf_metrics=[True])
+    sent = _run(llmapi_model, req)
+    assert len(sent) == 1 and sent[0][1] == 1
+    t = sent[0][0].tensors
+    assert [int(x) for x in t["output_ids"].reshape(-1)] == [1, 2, 3, 100, 101, 102]  # exclude_input_in_output false
+    assert int(t["sequence_length"].reshape(-1)[0]) == 6 and int(t["batch_index"].reshape(-1)[0]) == 0
+    dtypes = {name: str(t[name].dtype) for name in ("kv_cache_alloc_new_blocks", "kv_cache_alloc_total_blocks",
+                                                    "first_token_time_ns", "acceptance_rate", "total_draft_tokens")}
+    assert dtypes == {"kv_cache_alloc_new_blocks": "int32", "kv_cache_alloc_total_blocks": "int32",
+                      "first_token_time_ns": "int64", "acceptance_rate": "float32", "total_draft_tokens": "int32"}
+    excluded = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8],
+                        exclude_input_in_output=[True])
+    assert [int(x) for x in _run(llmapi_model, excluded)[0][0].tensors["output_ids"].reshape(-1)] == [100, 101, 102]

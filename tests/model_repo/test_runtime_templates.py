@@ -33,8 +33,11 @@ def test_repository_for_gpu_runtimes(tmp_path, runtime):
                     "max_tokens_in_paged_kv_cache", "enable_kv_cache_reuse", "enable_chunked_context",
                     "exclude_input_in_output", "decoding_mode", "max_beam_width", "gpu_device_ids",
                     "participant_ids", "cancellation_check_period_ms", "multi_block_mode", "cuda_graph_mode",
-                    "normalize_log_probs", "max_queue_delay_microseconds", "max_queue_size"):
+                    "normalize_log_probs"):
             assert params[key] != "", key
+        # queue settings are Triton's (dynamic_batching), not parameters: the backend reads no such keys
+        assert "max_queue_size" not in params and llm.dynamic_batching.default_queue_policy.max_queue_size == \
+            build.settings.serving.max_queue_size
         assert params["decoding_mode"] == "top_k_top_p" and params["gpu_device_ids"] == "0"
     else:
         assert llm.backend == "python" and params["runtime"] == "trtllm-llmapi"

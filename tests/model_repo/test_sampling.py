@@ -31,9 +31,10 @@ def runner(tiny_llama):
     counter = iter(range(10**6))
 
     def run(max_new=12, **opts):
-        names = {"top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "random_seed"}
+        names = {"top_k": "runtime_top_k", "top_p": "runtime_top_p"}  # the backend's names (seed is `seed`)
+        lists = {k: opts.pop(k) for k in ("bad_words", "embedding_bias") if k in opts}
         given = {names.get(k, k): v for k, v in opts.items()}
-        params = sampling.parse_params(given.get, end_ids=END, max_new_tokens=max_new)
+        params = sampling.parse_params(given.get, end_ids=END, max_new_tokens=max_new, vocab_size=49152, **lists)
         handle = table.add(params)
         rid = f"r{next(counter)}"
         manager.add_request(PROMPT, request_id=rid, max_new_tokens=max_new, eos_token_id=list(END),
@@ -117,3 +118,41 @@ def test_sampled_requests_respect_top_k(runner):
     greedy, _ = runner(max_new=1)
     firsts = {runner(max_new=1, temperature=50.0, top_k=2, seed=s)[0][0] for s in range(12)}
     assert greedy[0] in firsts and len(firsts) == 2, firsts
+
+
+def test_bad_words_are_never_generated(runner):
+    """bad_words_list (transformers' NoBadWordsLogitsProcessor per request): a one-token word never comes,
+    a two-token word's second token never follows its first."""
+    greedy, _ = runner(max_new=8)
+    out, _ = runner(max_new=8, bad_words=[[greedy[0]]])
+    assert greedy[0] not in out and out != greedy
+    # a pair a seeded answer holds at i, i+1, where its head comes for the first time (the prompt counts: the
+    # ban applies wherever the sequence ends with the head), so the same draws lead up to it
+    opts = {"temperature": 1.5, "seed": 5}
+    base, _ = runner(max_new=12, **opts)
+    seq = PROMPT + base
+    i = next(i for i in range(len(base) - 1) if base[i] not in seq[:len(PROMPT) + i])
+    pair = base[i:i + 2]
+    out, _ = runner(max_new=12, bad_words=[pair], **opts)
+    assert out[:i + 1] == base[:i + 1] and out[i + 1] != base[i + 1]  # the pair's head stays allowed
+    assert not any((PROMPT + out)[j:j + 2] == pair for j in range(len(PROMPT) + len(out) - 1))
+
+
+def test_embedding_bias_moves_the_logits(runner):
+    greedy, _ = runner(max_new=4)
+    target = 4649
+    bias = [0.0] * (target + 1)
+    bias[target] = 1e4
+    out, _ = runner(max_new=4, embedding_bias=bias)
+    assert out == [target] * 4 and greedy != out
+    assert runner(max_new=4, embedding_bias=[0.0] * 10)[0] == greedy  # zeros: no bias
+    with pytest.raises(sampling.SamplingError, match="vocab_size"):
+        sampling.parse_params({}.get, end_ids=END, max_new_tokens=4, embedding_bias=[0.0] * 49153, vocab_size=49152)
+
+
+def test_generation_logits_are_the_raw_logits_of_each_step(runner):
+    import numpy as np
+
+    greedy, entry = runner(max_new=5, return_generation_logits=True)
+    assert len(entry.logits) >= len(greedy) and entry.logits[0].shape == (49152,)
+    assert [int(np.argmax(row)) for row in entry.logits[:len(greedy)]] == greedy  # greedy: argmax of each row

@@ -157,8 +157,15 @@ def test_log_probs_sequences_and_exclude_input(server, engine_dir):
     _, _, chunks = _text(server, prompt, 8, extra={"num_return_sequences": 2, "temperature": 1.0, "seed": 3},
                          extra_outputs=("sequence_index",))
     assert {int(c.outputs["sequence_index"].reshape(-1)[0]) for c in chunks if c.outputs} == {0, 1}
-    text, _, _ = _text(server, prompt, 8, extra={"exclude_input_in_output": False})
-    assert "What is the capital of France?" in text
+    # upstream's rule: a streamed answer never repeats the prompt; a non-streaming one leads with it unless
+    # the request sends exclude_input_in_output true (the backend's default is false)
+    streamed, n_streamed, _ = _text(server, prompt, 8, extra={"exclude_input_in_output": False})
+    assert "What is the capital of France?" not in streamed and "Paris" in streamed
+    whole, n_whole, chunks = _text(server, prompt, 8, stream=False)
+    assert len([c for c in chunks if c.num_tokens]) == 1
+    assert whole.startswith("system") and "What is the capital of France?" in whole and whole.endswith(streamed)
+    assert n_whole > n_streamed  # sequence_length counts the prompt as well, as upstream's does
+    assert _text(server, prompt, 8, stream=False, extra={"exclude_input_in_output": True})[0] == streamed
 
 
 def test_unsupported_options_are_refused_per_request(server, engine_dir):

@@ -33,8 +33,10 @@ class TritonPythonModel:
                     ids = tokens[b, beam, :n].tolist()
                     texts.append(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special).encode("utf-8"))
                     counts.append(n)
-            out = np.array(texts, dtype=object).reshape(tokens.shape[0], tokens.shape[1])
-            cnt = np.asarray(counts, dtype=np.int32).reshape(tokens.shape[0], tokens.shape[1])
+            # flat, batch x beam strings in order, as upstream's postprocessing returns them (its clients
+            # read text_output[0].decode()); NUM_OUTPUT_TOKENS alike
+            out = np.array(texts, dtype=object)
+            cnt = np.asarray(counts, dtype=np.int32)
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("OUTPUT", out), pb_utils.Tensor("NUM_OUTPUT_TOKENS", cnt)]))
         return responses

@@ -39,6 +39,28 @@ def _pack_words(tokenizer, rows, extra_ids=()):
     return out
 
 
+def _embedding_bias(tokenizer, words_rows, weights_rows, vocab):
+    """EMBEDDING_BIAS ([B, vocab] float32; [B, 0] when no words were sent): each word's weight is added to
+    the logit of every token the word encodes to (without special tokens), as upstream's preprocessing
+    builds it; the runtime adds the vector to each step's logits."""
+    if words_rows is None and weights_rows is None:
+        return None
+    if words_rows is None or weights_rows is None:
+        raise ValueError("embedding_bias_words and embedding_bias_weights must be sent together")
+    out = np.zeros((len(words_rows), vocab), dtype=np.float32)
+    for b, (words, weights) in enumerate(zip(words_rows, weights_rows)):
+        words = [w.decode() if isinstance(w, bytes) else str(w) for w in words]
+        if len(words) != len(weights):
+            raise ValueError(f"embedding_bias_words has {len(words)} words but embedding_bias_weights "
+                             f"{len(weights)} weights: send one weight per word")
+        for word, weight in zip(words, weights):
+            if not np.isfinite(weight):
+                raise ValueError(f"embedding_bias_weights: {weight} for {word!r} is not a finite number")
+            for tok in tokenizer.encode(word, add_special_tokens=False):
+                out[b, tok] += float(weight)
+    return out
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from transformers import AutoTokenizer
@@ -102,9 +124,19 @@ class TritonPythonModel:
             v = default if t is None else int(t.as_numpy().reshape(-1)[0])
             return np.full((batch, 1), v, dtype=np.int32)
 
+        def rows(name):
+            t = pb_utils.get_input_tensor_by_name(request, name)
+            return None if t is None else [list(r.reshape(-1)) for r in t.as_numpy().reshape(batch, -1)]
+
+        bias = _embedding_bias(self.tokenizer, rows("EMBEDDING_BIAS_WORDS"), rows("EMBEDDING_BIAS_WEIGHTS"),
+                               len(self.tokenizer))
         return [
             pb_utils.Tensor("INPUT_ID", input_ids),
             pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
+            # decoder-only models: no decoder input (upstream sends pad_id with length 0)
+            pb_utils.Tensor("DECODER_INPUT_ID", np.full((batch, 1), self.pad_id, dtype=np.int32)),
+            pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", np.zeros((batch, 1), dtype=np.int32)),
+            pb_utils.Tensor("EMBEDDING_BIAS", np.zeros((batch, 0), dtype=np.float32) if bias is None else bias),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", out_len.reshape(batch, 1).astype(np.int32)),
             pb_utils.Tensor("BAD_WORDS_IDS", words("BAD_WORDS_DICT")),
             pb_utils.Tensor("STOP_WORDS_IDS", words("STOP_WORDS_DICT", () if client_end_id else self.stop_token_ids)),

@@ -28,19 +28,36 @@ request_params = _sys.modules["trtpipe_llmapi_request_params"] = importlib.util.
 _spec.loader.exec_module(request_params)
 
 # @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
-PERF = ("arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
-
-
-def _response(tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None):
+def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None, logits=None):
+    """One response; ``logits`` maps context_logits / generation_logits to float32 arrays when asked for."""
     out = [pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
            pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
-           pb_utils.Tensor("sequence_index", np.asarray([[seq_index]], dtype=np.int32))]
+           pb_utils.Tensor("sequence_index", np.asarray([[seq_index]], dtype=np.int32)),
+           pb_utils.Tensor("batch_index", np.asarray([[0]], dtype=np.int32))]
     if log_probs is not None:
         out += [pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)),
                 pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob]], dtype=np.float32))]
-    for name, value in (perf or {}).items():
-        out.append(pb_utils.Tensor(name, np.asarray([[value]], dtype=np.int64)))
+    for name, arr in (logits or {}).items():  # context [1, prompt, vocab]; generation [1, 1, tokens, vocab]
+        shape = (1, -1, arr.shape[-1]) if name == "context_logits" else (1, 1, -1, arr.shape[-1])
+        out.append(pb_utils.Tensor(name, np.asarray(arr, dtype=np.float32).reshape(shape)))
+    if perf:
+        out += _perf_tensors(dtypes, {**perf, "kv_cache_alloc_new_blocks": 0, "kv_cache_reused_blocks": 0,
+                                      "kv_cache_alloc_total_blocks": 0, "acceptance_rate": 0.0,
+                                      "total_accepted_draft_tokens": 0, "total_draft_tokens": 0})
     return pb_utils.InferenceResponse(output_tensors=out)
+
+
+def _array(value):
+    """A torch tensor (or None) from the LLM API as a float32 numpy array."""
+    if value is None:
+        return None
+    return value.detach().float().cpu().numpy() if hasattr(value, "detach") else np.asarray(value, np.float32)
+
+
+def _bias(request):
+    """The embedding_bias input as a list of floats (None when absent)."""
+    t = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
+    return None if t is None else [float(x) for x in t.as_numpy().reshape(-1)]
 
 
 def _words(request, name):
@@ -69,7 +86,10 @@ class TritonPythonModel:
         self.max_seq_len = int(_param(cfg, "max_seq_len"))
         self.max_beam_width = int(_param(cfg, "max_beam_width", "1"))
         self.max_batch_size = int(_param(cfg, "max_batch_size", "1"))
-        self.exclude_input_default = _param(cfg, "exclude_input_in_output", "true") == "true"
+        self.exclude_input_default = _param(cfg, "exclude_input_in_output", "false") == "true"
+        self.output_dtypes = _output_dtypes(cfg)
+        with open(_os.path.join(_param(cfg, "gpt_model_path"), "config.json")) as fh:  # the HF checkpoint's
+            self.vocab_size = int(json.load(fh).get("vocab_size") or 0) or None
         kv = KvCacheConfig(free_gpu_memory_fraction=float(_param(cfg, "kv_cache_free_gpu_mem_fraction", "0.9")),
                            max_tokens=int(_param(cfg, "max_tokens_in_paged_kv_cache")),
                            enable_block_reuse=_param(cfg, "enable_kv_cache_reuse", "false") == "true")
@@ -85,6 +105,10 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
+                batch = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+                if batch.ndim == 2 and batch.shape[0] != 1:
+                    raise ValueError(f"batch of {batch.shape[0]} in one request: this runtime takes one prompt per "
+                                     "request (the in-flight batcher batches across requests)")
                 ids = _prompt_ids(request)
                 max_new = int(_opt_scalar(request, "request_output_len"))
                 if len(ids) > self.max_input_len or len(ids) + max_new > self.max_seq_len:
@@ -94,13 +118,19 @@ class TritonPythonModel:
                     lambda name: _opt_scalar(request, name, None), max_new_tokens=max_new,
                     max_beam_width=self.max_beam_width, max_batch_size=self.max_batch_size,
                     stop_words=_words(request, "stop_words_list"), bad_words=_words(request, "bad_words_list"),
-                    decode=self._decode, exclude_input_default=self.exclude_input_default)
+                    decode=self._decode, exclude_input_default=self.exclude_input_default,
+                    embedding_bias=_bias(request), vocab_size=self.vocab_size)
                 streaming = bool(_opt_scalar(request, "streaming", False))
                 if streaming and opts.beam_search:
                     raise request_params.RequestOptionError(
                         "beam_width > 1 with streaming: beams are reordered until the end, so this runtime "
                         "returns them only when finished; send stream false")
-                params = self.SamplingParams(**opts.sampling)
+                sampling = dict(opts.sampling)
+                if opts.embedding_bias is not None:
+                    import torch
+
+                    sampling["embedding_bias"] = torch.tensor(opts.embedding_bias, dtype=torch.float32)
+                params = self.SamplingParams(**sampling)
                 perf = bool(_opt_scalar(request, "return_perf_metrics", False))
             except Exception as exc:  # a bad request fails alone
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
@@ -121,15 +151,21 @@ class TritonPythonModel:
         n = opts.num_sequences
         tokens, lps, sent = [[] for _ in range(n)], [[] for _ in range(n)], [0] * n
         cum = [0.0] * n
+        gen_logits, ctx_logits = [None] * n, None
 
         def send(i, final, flags=0):
             chunk = tokens[i][sent[i]:]
-            if not opts.exclude_input and sent[i] == 0:  # the prompt leads the sequence's first response
+            # the prompt leads a non-streaming answer unless excluded; a streamed one never (as the C++ backend)
+            if not opts.exclude_input and not streaming and sent[i] == 0:
                 chunk = list(ids) + chunk
             chunk_lps = lps[i][sent[i]:] if opts.return_log_probs else None
-            if chunk_lps is not None and not opts.exclude_input and sent[i] == 0:
-                chunk_lps = [0.0] * len(ids) + chunk_lps
-            sender.send(_response(chunk, i, chunk_lps, cum[i], times if perf and final else None), flags=flags)
+            logits = {}
+            if opts.context_logits and sent[i] == 0 and ctx_logits is not None:
+                logits["context_logits"] = ctx_logits
+            if opts.generation_logits and gen_logits[i] is not None:
+                logits["generation_logits"] = gen_logits[i][sent[i]:len(tokens[i])]
+            sender.send(_response(self.output_dtypes, chunk, i, chunk_lps, cum[i], times if perf and final else None,
+                                  logits), flags=flags)
             sent[i] = len(tokens[i])
 
         try:
@@ -137,6 +173,8 @@ class TritonPythonModel:
             # metrics); beam search is not, its beams are final only at the end.
             async for out in self.llm.generate_async(ids, sampling_params=params, streaming=not opts.beam_search):
                 now = time.time_ns()
+                if opts.context_logits and ctx_logits is None:  # RequestOutput.context_logits: [prompt, vocab]
+                    ctx_logits = _array(getattr(out, "context_logits", None))
                 for i, seq in enumerate(out.outputs[:n]):
                     index = getattr(seq, "index", i)
                     i = index if 0 <= index < n else i
@@ -149,6 +187,8 @@ class TritonPythonModel:
                     if opts.return_log_probs:
                         lps[i] = request_params.sampled_log_probs(seq.logprobs, tokens[i])
                         cum[i] = float(getattr(seq, "cumulative_logprob", None) or sum(lps[i]))
+                    if opts.generation_logits:  # CompletionOutput.generation_logits: [tokens so far, vocab]
+                        gen_logits[i] = _array(getattr(seq, "generation_logits", None))
                     if new and not times["first_token_time_ns"]:
                         times["first_token_time_ns"] = times["first_scheduled_time_ns"] = now
                     times["last_token_time_ns"] = now

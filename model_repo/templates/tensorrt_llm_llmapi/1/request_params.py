@@ -8,8 +8,9 @@
 #   greedy unless temperature > 0, top_k > 1 or 0 < top_p < 1 is sent; top_k == 1 or temperature == 0
 #   is greedy. Greedy is SamplingParams(top_k=1); sampling passes temperature/top_k and top_p (1.0
 #   when not limited: with top_k and top_p both unset the LLM API decodes greedily).
-#   random_seed -> seed; repetition/presence/frequency_penalty as they are; min_tokens;
-#   return_log_probs -> logprobs=1 (the sampled token's log probability);
+#   seed -> seed; repetition/presence/frequency_penalty as they are; min_tokens;
+#   return_log_probs -> logprobs=1 (the sampled token's log probability); return_context_logits and
+#   return_generation_logits as they are; embedding_bias (a float per token id) -> embedding_bias;
 #   beam_width > 1 -> use_beam_search, best_of = beam_width, n = num_return_sequences (default: all beams);
 #   num_return_sequences n (sampling) -> n; stop_words_list / bad_words_list -> stop_token_ids /
 #   bad_token_ids (one-token words) and stop / bad strings (longer words, decoded with the model's
@@ -36,6 +37,9 @@ class RequestOptions:
     beam_search: bool = False
     exclude_input: bool = True
     return_log_probs: bool = False
+    context_logits: bool = False
+    generation_logits: bool = False
+    embedding_bias: list | None = None  # floats, one per token id (the model makes the torch tensor)
 
 
 def parse_words(flat, offsets) -> list:
@@ -72,7 +76,8 @@ def _words(kind: str, words, decode) -> dict:
 
 
 def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_batch_size: int = 1,
-                    stop_words=(), bad_words=(), decode=None, exclude_input_default: bool = True) -> RequestOptions:
+                    stop_words=(), bad_words=(), decode=None, exclude_input_default: bool = False,
+                    embedding_bias=None, vocab_size: int | None = None) -> RequestOptions:
     """Validate a request's options and map them onto ``SamplingParams`` keyword arguments.
 
     Args:
@@ -82,6 +87,8 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
         stop_words, bad_words: token-id lists (see :func:`parse_words`).
         decode: token ids -> text with the model's tokenizer (for words of several tokens).
         exclude_input_default: the model's exclude_input_in_output parameter.
+        embedding_bias: the embedding_bias input (floats per token id; empty or all zeros: none), at most
+            ``vocab_size`` long.
 
     Raises:
         RequestOptionError: a value out of range or a combination the runtime cannot serve.
@@ -143,7 +150,7 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
     elif temperature is not None and temperature > 0:
         kw["temperature"] = float(temperature)
 
-    seed = get("random_seed")
+    seed = get("seed")
     if seed is not None:
         kw["seed"] = int(seed)
     rep = get("repetition_penalty")
@@ -169,10 +176,18 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
         kw["logprobs"] = 1
     kw.update(_words("stop", list(stop_words), decode))
     kw.update(_words("bad", list(bad_words), decode))
+    flags = {name: bool(get(f"return_{name}") or False) for name in ("context_logits", "generation_logits")}
+    kw.update({f"return_{name}": True for name, on in flags.items() if on})
+    bias = [float(b) for b in (embedding_bias if embedding_bias is not None else [])]
+    if vocab_size is not None and len(bias) > vocab_size:
+        raise RequestOptionError(f"embedding_bias has {len(bias)} entries, above the model's vocab_size "
+                                 f"{vocab_size}: send at most one per token id")
+    if not all(math.isfinite(b) for b in bias):
+        raise RequestOptionError("embedding_bias holds a value that is not a finite number")
     exclude = get("exclude_input_in_output")
     return RequestOptions(sampling=kw, num_sequences=n, beam_search=beam,
                           exclude_input=exclude_input_default if exclude is None else bool(exclude),
-                          return_log_probs=log_probs)
+                          return_log_probs=log_probs, embedding_bias=bias if any(bias) else None, **flags)
 
 
 def sampled_log_probs(entries, tokens) -> list:

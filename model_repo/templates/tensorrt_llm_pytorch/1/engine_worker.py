@@ -12,7 +12,8 @@
 #                   ("add", rid, ids, max_new_tokens, end_ids, params, perf)
 #                   ("cancel", rid)   ("kv",)   ("stop",)
 #   worker -> stub  ("ready", info)   or   ("fatal", message)
-#                   ("step", [(rid, new_tokens, finished, error, log_probs, kv_blocks), ...])  one per step
+#                   ("step", [(rid, new_tokens, finished, error, log_probs, kv_blocks, logits), ...])  one per step
+#                   (log_probs / logits: lists for the new tokens when the request asked for them, else None)
 #                   ("kv", free_blocks or None)
 # The worker exits when the stub's end of the socket closes (the stub died or stopped).
 
@@ -184,7 +185,7 @@ class Worker:
                 if added is None:
                     self.forget(rid)
                     self.send(("step", [(rid, [], True, f"the runtime is not accepting requests ({why})",
-                                         None, None)]))
+                                         None, None, None)]))
             elif kind == "cancel":
                 self.manager.cancel_request(message[1])
                 self.forget(message[1])
@@ -209,12 +210,14 @@ class Worker:
             generated = out.generated_tokens  # cumulative: only what is new since the last step is sent
             n = len(generated)
             finished = bool(out.is_finished()) or bool(out.error)
-            lps = None
+            lps = logits = None
             record = self.table.get(handle)
             if record is not None and record.params.return_log_probs:
                 lps = record.log_probs[sent:n]
+            if record is not None and record.params.return_generation_logits:
+                logits = record.logits[sent:n]
             items.append((out.request_id, list(generated[sent:n]), finished, str(out.error) if out.error else None,
-                          lps, blocks_of(self.manager, out.request_id) if perf else None))
+                          lps, blocks_of(self.manager, out.request_id) if perf else None, logits))
             entry[1] = n
             if finished:
                 self.forget(out.request_id)

@@ -35,6 +35,38 @@ sampling = engine.load_sampling()
 # @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
 
 
+def _row(arr, b, batch):
+    """Row ``b`` of a batched input (first dim ``batch``), or the input itself when it was sent once."""
+    arr = np.asarray(arr)
+    return arr.reshape(batch, -1)[b] if arr.ndim and arr.shape[0] == batch and batch > 1 else arr.reshape(-1)
+
+
+def _row_scalar(request, name, b, batch, default=None):
+    """Entry ``b`` of an optional scalar input as a Python scalar; ``default`` when absent or empty."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None or t.as_numpy().size == 0:
+        return default
+    return _row(t.as_numpy(), b, batch)[0].item()
+
+
+def _words(request, name, b, batch):
+    """stop_words_list / bad_words_list row ``b`` ([B, 2, L] or [2, L]: flat ids, then end offsets padded
+    with -1) as token-id lists."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None or t.as_numpy().size == 0:
+        return []
+    arr = t.as_numpy()
+    arr = arr.reshape(-1, 2, arr.shape[-1])
+    arr = arr[b] if arr.shape[0] == batch else arr[0]
+    flat, offsets = arr[0].tolist(), [int(o) for o in arr[1].tolist() if o >= 0]
+    words, start = [], 0
+    for end in offsets:
+        if end > start:
+            words.append([int(t) for t in flat[start:end]])
+        start = end
+    return words
+
+
 class RequestError(ValueError):
     """A per-request validation error: sent to that request only; the server keeps serving."""
 
@@ -53,10 +85,12 @@ class _Request:
     __slots__ = ("rid", "sender", "streaming", "end_ids", "sent", "arrival_ns", "first_token_ns",
                  "last_token_ns", "first_scheduled_ns", "perf", "prompt_len", "max_new_tokens", "stop_ids",
                  "triton_request", "cancelled", "done", "group", "seq_index", "handle", "prompt_ids",
-                 "exclude_input", "log_probs", "kv_blocks", "triton_id")
+                 "exclude_input", "log_probs", "kv_blocks", "triton_id", "batch_index", "gen_logits", "tokens",
+                 "counted")
 
     def __init__(self, rid, sender, streaming, end_ids, prompt_len, max_new_tokens, perf, stop_ids, triton_request,
-                 group=None, seq_index=0, handle=-1, prompt_ids=(), exclude_input=True, log_probs=False):
+                 group=None, seq_index=0, handle=-1, prompt_ids=(), exclude_input=True, log_probs=False,
+                 batch_index=0, gen_logits=False):
         self.rid = rid
         self.sender = sender
         self.streaming = streaming
@@ -81,6 +115,10 @@ class _Request:
         self.log_probs = log_probs
         self.kv_blocks = 0  # most KV blocks the sequence held (perf output kv_cache_alloc_new_blocks)
         self.triton_id = triton_request.request_id() if triton_request is not None else ""
+        self.batch_index = batch_index
+        self.gen_logits = gen_logits
+        self.tokens = []  # the generated tokens seen so far (end id dropped)
+        self.counted = 0  # of them, counted in tokens_total
 
 
 class _Output:
@@ -197,7 +235,7 @@ class _EngineProcess:
                 self._kv_free = message[1]
                 continue
             outputs, done = [], []
-            for rid, new, finished, error, lps, blocks in message[1]:
+            for rid, new, finished, error, lps, blocks, logits in message[1]:
                 state = self.owner.requests.get(rid)
                 if state is None:  # cancelled or failed meanwhile
                     self.tokens.pop(rid, None)
@@ -205,9 +243,10 @@ class _EngineProcess:
                     continue
                 tokens = self.tokens.setdefault(rid, [])
                 tokens.extend(new)
-                entry = self.owner.table.get(state.handle) if lps else None
+                entry = self.owner.table.get(state.handle) if (lps or logits) else None
                 if entry is not None:
-                    entry.log_probs.extend(lps)
+                    entry.log_probs.extend(lps or ())
+                    entry.logits.extend(logits or ())
                 if blocks is not None:
                     self.kv_blocks[rid] = max(self.kv_blocks.get(rid, 0), blocks)
                 outputs.append(_Output(rid, tokens, finished, error))
@@ -267,7 +306,8 @@ class TritonPythonModel:
         else:
             self.manager, self.table, info = engine.build_manager(engine_dir, self.settings, device, dtype)
         self.default_end_ids, self.pad_id = info["default_end_ids"], info["pad_id"]
-        self.exclude_input_default = _param(cfg, "exclude_input_in_output", "true") == "true"
+        self.exclude_input_default = _param(cfg, "exclude_input_in_output", "false") == "true"
+        self.output_dtypes = _output_dtypes(cfg)
 
         self.lock = threading.Lock()
         self.stats = {"requests_total": 0, "requests_failed": 0, "requests_cancelled": 0, "inflight": 0,
@@ -421,62 +461,36 @@ class TritonPythonModel:
         if not self.decoupled:
             raise RequestError("this runtime serves decoupled (streaming) transactions only; "
                                "regenerate the repository with serving.streaming: true")
+        if _opt_scalar(request, "return_context_logits", False):
+            raise RequestError("return_context_logits: the pytorch runtime computes logits at the last prompt "
+                               "position only (transformers' continuous batching); drop it (generation_logits "
+                               "are returned)")
         ids_t = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
-        if ids_t.ndim == 2 and ids_t.shape[0] != 1:
-            raise RequestError(f"batch of {ids_t.shape[0]} in one request: send one sequence per request "
-                               "(the in-flight batcher batches across requests)")
-        input_len = int(_opt_scalar(request, "input_lengths", ids_t.shape[-1]))
-        ids = ids_t.reshape(-1)[:input_len].astype(np.int64).tolist()
-        max_new = int(_opt_scalar(request, "request_output_len", 0))
-        if input_len <= 0 or not ids:
-            raise RequestError("input_ids is empty: the prompt must hold at least one token")
-        if input_len > self.max_input_len:
-            raise RequestError(f"prompt has {input_len} tokens, above the engine's max_input_len "
-                               f"{self.max_input_len}: shorten the prompt")
-        if max_new <= 0:
-            raise RequestError(f"request_output_len (max_tokens) = {max_new}: must be at least 1")
-        if input_len + max_new > self.max_seq_len:
-            raise RequestError(f"prompt ({input_len} tokens) + max_tokens ({max_new}) = {input_len + max_new} "
-                               f"exceeds the engine's max_seq_len {self.max_seq_len}: lower max_tokens to at most "
-                               f"{self.max_seq_len - input_len}")
-        if max(ids) >= self.vocab_size or min(ids) < 0:
-            raise RequestError(f"input_ids outside the vocabulary [0, {self.vocab_size})")
-        beam_width = int(_opt_scalar(request, "beam_width", 1))
-        if beam_width != 1:
-            raise RequestError(f"beam_width = {beam_width}: the pytorch runtime has no beam search (transformers' "
-                               "continuous batching samples one token per sequence); send beam_width 1, or use "
-                               "num_return_sequences with sampling for several answers")
-        n_seq = int(_opt_scalar(request, "num_return_sequences", 1))
-        if not 1 <= n_seq <= self.max_batch_size:
-            raise RequestError(f"num_return_sequences = {n_seq}: must be between 1 and max_batch_size "
-                               f"{self.max_batch_size}")
-        if self._has_bad_words(request):
-            raise RequestError("bad_words is not supported by the pytorch runtime: remove it (stop_words is)")
-        end_id = _opt_scalar(request, "end_id", None)
-        end_ids = [int(end_id)] if end_id is not None else list(self.default_end_ids)
-        streaming = bool(_opt_scalar(request, "streaming", False))
+        ids_t = ids_t.reshape(1, -1) if ids_t.ndim == 1 else ids_t
+        batch = ids_t.shape[0]
+        # Every entry of a batched request (the ensemble's text_input [B, 1]) is its own sequence; each response
+        # names it in batch_index, as the C++ backend splits a batch into requests (one sender for all).
+        rows = [self._parse_row(request, ids_t, b, batch) for b in range(batch)]
+        n_total = sum(row["n_seq"] for row in rows)
+        if n_total > self.max_batch_size:
+            raise RequestError(f"{batch} prompt(s) x num_return_sequences = {n_total} sequences, above max_batch_size "
+                               f"{self.max_batch_size}: send fewer in one request")
+        group = _Group(n_total)
         perf = bool(_opt_scalar(request, "return_perf_metrics", False))
-        exclude = bool(_opt_scalar(request, "exclude_input_in_output", self.exclude_input_default))
-        stop_ids = self._stop_words(request)
-        # One-token stop words that are end ids of the model (preprocessing sends generation_config.json's
-        # other eos ids that way) are end ids here: dropped from the output and held back by min_tokens.
-        end_ids += [w[0] for w in stop_ids if len(w) == 1 and w[0] in self.default_end_ids and w[0] not in end_ids]
-        stop_ids = [w for w in stop_ids if not (len(w) == 1 and w[0] in end_ids)]
-        params = sampling.parse_params(lambda name: _opt_scalar(request, name, None), end_ids=end_ids,
-                                       max_new_tokens=max_new)
-        if n_seq > 1 and params.greedy:
-            raise RequestError(f"num_return_sequences = {n_seq} with greedy decoding gives {n_seq} identical "
-                               "answers: also send temperature > 0, top_k > 1 or top_p < 1")
-        group = _Group(n_seq)
+        streaming = bool(_opt_scalar(request, "streaming", False))
         states = []
-        for i in range(n_seq):
-            seq_params = params
-            if i and params.seed is not None:  # sequence i of a seeded request: seed + i (reproducible, distinct)
-                seq_params = sampling.SamplingParams(**{**params.__dict__, "seed": params.seed + i})
-            handle = self.table.add(seq_params)
-            states.append(_Request(uuid.uuid4().hex, sender, streaming, end_ids, input_len, max_new, perf, stop_ids,
-                                   request, group=group, seq_index=i, handle=handle, prompt_ids=ids,
-                                   exclude_input=exclude, log_probs=params.return_log_probs))
+        for b, row in enumerate(rows):
+            params = row["params"]
+            for i in range(row["n_seq"]):
+                seq_params = params
+                if i and params.seed is not None:  # sequence i of a seeded request: seed + i (reproducible, distinct)
+                    seq_params = sampling.SamplingParams(**{**params.__dict__, "seed": params.seed + i})
+                handle = self.table.add(seq_params)
+                states.append(_Request(uuid.uuid4().hex, sender, streaming, row["end_ids"], len(row["ids"]),
+                                       row["max_new"], perf, row["stop_ids"], request, group=group, seq_index=i,
+                                       handle=handle, prompt_ids=row["ids"], exclude_input=row["exclude"],
+                                       log_probs=params.return_log_probs, batch_index=b,
+                                       gen_logits=params.return_generation_logits))
         with self.lock:
             for state in states:
                 self.requests[state.rid] = state
@@ -484,8 +498,9 @@ class TritonPythonModel:
             self.stats["requests_total"] += 1
         for state in states:
             try:
-                added = self.manager.add_request(ids, request_id=state.rid, max_new_tokens=max_new, streaming=True,
-                                                 eos_token_id=end_ids if end_ids else -1,
+                added = self.manager.add_request(state.prompt_ids, request_id=state.rid,
+                                                 max_new_tokens=state.max_new_tokens, streaming=True,
+                                                 eos_token_id=state.end_ids if state.end_ids else -1,
                                                  **{sampling.HANDLE_KWARG: state.handle})
             except Exception as exc:  # e.g. the manager's queue stayed full
                 added, why = None, f"{type(exc).__name__}: {exc}"
@@ -500,18 +515,80 @@ class TritonPythonModel:
                     self.manager.cancel_request(other.rid)
                 raise RequestError(f"the runtime is not accepting requests ({why}): retry later")
 
+    def _parse_row(self, request, ids_t, b, batch):
+        """Validate entry ``b`` of a request: its prompt, limits and decoding options (every input is read at
+        row ``b``; an input sent once applies to every row). Raises RequestError / SamplingError."""
+        def get(name, default=None):
+            return _row_scalar(request, name, b, batch, default)
+
+        where = f" (batch entry {b})" if batch > 1 else ""
+        input_len = int(get("input_lengths", ids_t.shape[-1]))
+        ids = ids_t[b, :input_len].astype(np.int64).tolist()
+        max_new = int(get("request_output_len", 0))
+        if input_len <= 0 or not ids:
+            raise RequestError(f"input_ids is empty{where}: the prompt must hold at least one token")
+        if input_len > self.max_input_len:
+            raise RequestError(f"prompt has {input_len} tokens{where}, above the engine's max_input_len "
+                               f"{self.max_input_len}: shorten the prompt")
+        if max_new <= 0:
+            raise RequestError(f"request_output_len (max_tokens) = {max_new}{where}: must be at least 1")
+        if input_len + max_new > self.max_seq_len:
+            raise RequestError(f"prompt ({input_len} tokens) + max_tokens ({max_new}) = {input_len + max_new}{where} "
+                               f"exceeds the engine's max_seq_len {self.max_seq_len}: lower max_tokens to at most "
+                               f"{self.max_seq_len - input_len}")
+        if max(ids) >= self.vocab_size or min(ids) < 0:
+            raise RequestError(f"input_ids outside the vocabulary [0, {self.vocab_size}){where}")
+        beam_width = int(get("beam_width", 1))
+        if beam_width != 1:
+            raise RequestError(f"beam_width = {beam_width}: the pytorch runtime has no beam search (transformers' "
+                               "continuous batching samples one token per sequence); send beam_width 1, or use "
+                               "num_return_sequences with sampling for several answers")
+        n_seq = int(get("num_return_sequences", 1))
+        if not 1 <= n_seq <= self.max_batch_size:
+            raise RequestError(f"num_return_sequences = {n_seq}: must be between 1 and max_batch_size "
+                               f"{self.max_batch_size}")
+        end_id = get("end_id", None)
+        end_ids = [int(end_id)] if end_id is not None else list(self.default_end_ids)
+        exclude = bool(get("exclude_input_in_output", self.exclude_input_default))
+        stop_ids = _words(request, "stop_words_list", b, batch)
+        # One-token stop words that are end ids of the model (preprocessing sends generation_config.json's
+        # other eos ids that way) are end ids here: dropped from the output and held back by min_tokens.
+        end_ids += [w[0] for w in stop_ids if len(w) == 1 and w[0] in self.default_end_ids and w[0] not in end_ids]
+        stop_ids = [w for w in stop_ids if not (len(w) == 1 and w[0] in end_ids)]
+        bias = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
+        bias = None if bias is None else _row(bias.as_numpy(), b, batch)
+        params = sampling.parse_params(get, end_ids=end_ids, max_new_tokens=max_new,
+                                       bad_words=_words(request, "bad_words_list", b, batch), embedding_bias=bias,
+                                       vocab_size=self.vocab_size)
+        if n_seq > 1 and params.greedy:
+            raise RequestError(f"num_return_sequences = {n_seq} with greedy decoding gives {n_seq} identical "
+                               "answers: also send temperature > 0, top_k > 1 or top_p < 1")
+        return {"ids": ids, "max_new": max_new, "n_seq": n_seq, "end_ids": end_ids, "exclude": exclude,
+                "stop_ids": stop_ids, "params": params}
+
     def _stop(self, request, sender):
         """A request with ``stop`` = true stops the in-flight request(s) that carry the same Triton request
-        id, as the TensorRT-LLM C++ backend does (inflight_batcher_llm handleStopRequest): each stopped
-        request ends with a final response holding what it had not yet sent; the stop request gets an
-        empty final response (also when nothing matched: the request may have finished already). This
-        is how `tensorrt_llm_bls` forwards a client's cancellation: Triton's ensemble does not."""
+        id, as the TensorRT-LLM C++ backend does (inflight_batcher_llm handleStopRequest cancels them in the
+        executor): each stopped sequence ends normally, with a final response holding what it had not yet
+        sent; the stop request gets an empty final response (also when nothing matched: the request may
+        have finished already). This is how `tensorrt_llm_bls` forwards a client's cancellation: Triton's
+        ensemble does not."""
         triton_id = request.request_id()
         if not triton_id:
             raise RequestError("stop = true needs the request_id of the request to stop")
         with self.lock:
-            for state in [st for st in self.requests.values() if st.triton_id == triton_id and not st.done]:
-                self._cancel_locked(state, "request stopped")
+            stopped = [st for st in self.requests.values() if st.triton_id == triton_id and not st.done]
+            for state in stopped:
+                state.cancelled = True
+            if stopped and not stopped[0].group.closed:
+                self.stats["requests_cancelled"] += 1
+        for state in stopped:
+            self.manager.cancel_request(state.rid)  # the library frees its KV blocks
+            tokens = list(state.tokens)
+            if state.streaming:
+                self._send(state, tokens[state.sent:], state.sent, final=True)
+            else:
+                self._send(state, tokens, 0, final=True)
         sender.send(flags=FINAL)
 
     def _cancel_locked(self, state, message):
@@ -525,28 +602,6 @@ class TritonPythonModel:
             self.stats["requests_cancelled"] += 1
             state.sender.send(pb_utils.InferenceResponse(
                 output_tensors=[], error=pb_utils.TritonError(message)), flags=FINAL)
-
-    @staticmethod
-    def _has_bad_words(request):
-        t = pb_utils.get_input_tensor_by_name(request, "bad_words_list")
-        if t is None:
-            return False
-        arr = t.as_numpy()
-        return arr.size > 0 and bool((arr.reshape(-1, 2, arr.shape[-1])[:, 1] > 0).any())
-
-    @staticmethod
-    def _stop_words(request):
-        t = pb_utils.get_input_tensor_by_name(request, "stop_words_list")
-        if t is None:
-            return []
-        arr = t.as_numpy().reshape(2, -1) if t.as_numpy().ndim != 3 else t.as_numpy()[0]
-        flat, offsets = arr[0].tolist(), [o for o in arr[1].tolist() if o >= 0]
-        words, start = [], 0
-        for end in offsets:
-            if end > start:
-                words.append(flat[start:end])
-            start = end
-        return words
 
     # ---- output routing -----------------------------------------------------------------------
     def _hand_over(self, outputs):
@@ -630,7 +685,11 @@ class TritonPythonModel:
             n = len(word)
             if n and len(tokens) >= n and tokens[-n:] == word:
                 stop_hit = True
+        state.tokens = tokens
         new = tokens[state.sent:]
+        if len(tokens) > state.counted:  # each token once, streamed or not
+            self.stats["tokens_total"] += len(tokens) - state.counted  # only this thread writes it; _publish reads
+            state.counted = len(tokens)
         if new:
             if state.first_token_ns == 0:
                 state.first_token_ns = now
@@ -639,7 +698,6 @@ class TritonPythonModel:
                     self.stats["max_concurrent_generating"] = max(self.stats["max_concurrent_generating"],
                                                                   self.stats["generating"])
             state.last_token_ns = now
-            self.stats["tokens_total"] += len(new)  # only this thread writes it; _publish reads
         if stop_hit and not finished:
             self.manager.cancel_request(state.rid)
             finished = True
@@ -654,29 +712,36 @@ class TritonPythonModel:
     def _send(self, state, tokens, offset, final):
         """Send one response (tokens[offset:...] of the sequence); the sequence's last one retires it first,
         under the lock that also guards is_cancelled(): a response factory must never be touched after
-        the request's final send. Only the last sequence of a request carries the FINAL flag."""
+        the request's final send. Only the last sequence of a request carries the FINAL flag. The prompt
+        leads a non-streaming response when the request keeps exclude_input_in_output false (the C++
+        backend's rule: a streamed response never repeats it)."""
         t0 = time.perf_counter()
         entry = self.table.get(state.handle)
         ids = list(tokens)
-        if not state.exclude_input and offset == 0:  # the prompt leads the first response
+        if not state.exclude_input and not state.streaming and offset == 0:
             ids = state.prompt_ids + ids
         out = [pb_utils.Tensor("output_ids", np.asarray([ids], dtype=np.int32).reshape(1, 1, -1)),
                pb_utils.Tensor("sequence_length", np.asarray([[len(ids)]], dtype=np.int32)),
-               pb_utils.Tensor("sequence_index", np.asarray([[state.seq_index]], dtype=np.int32))]
+               pb_utils.Tensor("sequence_index", np.asarray([[state.seq_index]], dtype=np.int32)),
+               pb_utils.Tensor("batch_index", np.asarray([[state.batch_index]], dtype=np.int32))]
         if state.log_probs and entry is not None:
             lps = entry.log_probs[offset:offset + len(tokens)]
             lps += [0.0] * (len(tokens) - len(lps))
             out += [pb_utils.Tensor("output_log_probs", np.asarray(lps, dtype=np.float32).reshape(1, 1, -1)),
                     pb_utils.Tensor("cum_log_probs", np.asarray([[sum(entry.log_probs[:offset + len(tokens)])]],
                                                                 dtype=np.float32))]
+        if state.gen_logits and entry is not None:  # [batch 1, beam 1, tokens of this response, vocab]
+            rows = entry.logits[offset:offset + len(tokens)]
+            logits = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self.vocab_size), np.float32)
+            out.append(pb_utils.Tensor("generation_logits", logits.reshape(1, 1, len(rows), -1)))
         if state.perf:
-            for name, value in (("arrival_time_ns", state.arrival_ns),
-                                ("first_scheduled_time_ns", state.first_scheduled_ns),
-                                ("first_token_time_ns", state.first_token_ns),
-                                ("last_token_time_ns", state.last_token_ns),
-                                ("kv_cache_alloc_new_blocks", state.kv_blocks),
-                                ("kv_cache_reused_blocks", 0)):  # prefix reuse is not reported by the library
-                out.append(pb_utils.Tensor(name, np.asarray([[value]], dtype=np.int64)))
+            out += _perf_tensors(self.output_dtypes, {
+                "kv_cache_alloc_new_blocks": state.kv_blocks,
+                "kv_cache_reused_blocks": 0,  # prefix reuse is not reported by the library
+                "kv_cache_alloc_total_blocks": state.kv_blocks,
+                "arrival_time_ns": state.arrival_ns, "first_scheduled_time_ns": state.first_scheduled_ns,
+                "first_token_time_ns": state.first_token_ns, "last_token_time_ns": state.last_token_ns,
+                "acceptance_rate": 0.0, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0})  # no drafts
         with self.lock:
             if state.done or state.group.closed:
                 return

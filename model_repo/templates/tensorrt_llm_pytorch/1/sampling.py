@@ -4,10 +4,12 @@
 # The library is created greedy (do_sample=False, no warpers: its step ends in one argmax) and two
 # processors of ours, installed around its (empty) per-request processor list, do everything a
 # request can ask for:
-#   * `PenaltyProcessor` (first): repetition, presence and frequency penalties and min_tokens, on the
-#     request's own token history; keeps the log distribution for return_log_probs;
+#   * `PenaltyProcessor` (first): keeps the raw logits for return_generation_logits, then embedding bias,
+#     bad words (transformers' NoBadWordsLogitsProcessor on the request's row), repetition, presence and
+#     frequency penalties and min_tokens, on the request's own token history; keeps the log distribution
+#     for return_log_probs;
 #   * `SamplerProcessor` (last): for a sampled request, temperature, top_k and top_p on its row, then
-#     the draw with the request's own torch.Generator (seeded from `random_seed`, or randomly); it
+#     the draw with the request's own torch.Generator (seeded from `seed`, or randomly); it
 #     leaves only the drawn token finite, so the library's argmax returns exactly it. It also records
 #     the token's log probability for return_log_probs.
 # A greedy request without penalties or log probs is not touched by either: a batch of them costs
@@ -58,20 +60,40 @@ class SamplingParams:
     min_tokens: int = 0
     end_ids: tuple = ()
     return_log_probs: bool = False
+    return_generation_logits: bool = False
+    bad_words: tuple = ()  # token-id sequences never to generate (bad_words_list)
+    embedding_bias: dict = field(default_factory=dict)  # token id -> added to its logit every step
 
     @property
     def needs_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or self.min_tokens > 0)
+                or self.min_tokens > 0 or bool(self.bad_words) or bool(self.embedding_bias))
+
+    @property
+    def needs_history(self) -> bool:
+        return self.repetition_penalty != 1.0 or bool(self.presence_penalty or self.frequency_penalty
+                                                      or self.bad_words)
 
 
-def parse_params(get, *, end_ids, max_new_tokens: int) -> SamplingParams:
+def parse_params(get, *, end_ids, max_new_tokens: int, bad_words=(), embedding_bias=None,
+                 vocab_size: int | None = None) -> SamplingParams:
     """Validate a request's options. ``get(name)`` returns the scalar input or None when absent.
 
     Sampling is on when temperature > 0, top_k > 1 or 0 < top_p < 1 is sent; greedy otherwise
-    (nothing sent, top_k == 1, or temperature == 0).
+    (nothing sent, top_k == 1, or temperature == 0). ``bad_words`` are token-id lists (bad_words_list);
+    ``embedding_bias`` is the embedding_bias input (float per token id; zeros and an empty one mean none),
+    at most ``vocab_size`` long.
     """
     p = SamplingParams(end_ids=tuple(end_ids))
+    p.bad_words = tuple(tuple(int(t) for t in w) for w in bad_words if len(w))
+    if embedding_bias is not None and len(embedding_bias):
+        bias = [float(b) for b in embedding_bias]
+        if vocab_size is not None and len(bias) > vocab_size:
+            raise SamplingError(f"embedding_bias has {len(bias)} entries, above the model's vocab_size "
+                                f"{vocab_size}: send at most one per token id")
+        if not all(math.isfinite(b) for b in bias):
+            raise SamplingError("embedding_bias holds a value that is not a finite number")
+        p.embedding_bias = {i: b for i, b in enumerate(bias) if b}
     temperature, top_k, top_p = get("temperature"), get("runtime_top_k"), get("runtime_top_p")
     if temperature is not None:
         if not math.isfinite(temperature) or temperature < 0:
@@ -88,7 +110,7 @@ def parse_params(get, *, end_ids, max_new_tokens: int) -> SamplingParams:
     sampling_asked = ((temperature is not None and temperature > 0) or (top_k is not None and top_k > 1)
                       or (top_p is not None and 0 < top_p < 1))
     p.greedy = not sampling_asked or p.top_k == 1 or (temperature is not None and temperature == 0)
-    seed = get("random_seed")
+    seed = get("seed")
     if seed is not None:
         p.seed = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
@@ -108,6 +130,7 @@ def parse_params(get, *, end_ids, max_new_tokens: int) -> SamplingParams:
                                 "lower min_tokens or raise max_tokens")
         p.min_tokens = int(min_tokens)
     p.return_log_probs = bool(get("return_log_probs") or False)
+    p.return_generation_logits = bool(get("return_generation_logits") or False)
     return p
 
 
@@ -121,6 +144,8 @@ class Entry:
     history: list = field(default_factory=list)  # prompt + generated tokens at the last prepare (penalties)
     generated: int = 0
     log_probs: list = field(default_factory=list)  # one per generated token, when asked for
+    logits: list = field(default_factory=list)  # raw logits (float32 numpy [vocab]) per generated token, when asked for
+    bad_words: object = None  # transformers' NoBadWordsLogitsProcessor for params.bad_words (made on first use)
     scratch: torch.Tensor | None = None
 
     def generator(self, device: torch.device) -> torch.Generator:
@@ -206,31 +231,40 @@ class _HandleProcessor(ContinuousBatchingLogitsProcessor):
 
 
 class PenaltyProcessor(_HandleProcessor):
-    """First processor: repetition/presence/frequency penalties and min_tokens, per request.
+    """First processor: what changes a request's logits before sampling, per request.
 
-    Repetition penalty (multiplicative, as TensorRT-LLM and HF) counts prompt and generated tokens;
-    presence and frequency penalties (additive, OpenAI-style) count generated tokens only; min_tokens
-    masks every end id until that many tokens were generated. Also keeps the model's log
-    distribution after penalties for return_log_probs.
+    In order: the raw logits are kept for return_generation_logits; the embedding bias is added; bad
+    words are banned (transformers' NoBadWordsLogitsProcessor: a word's last token is banned when the
+    sequence ends with the rest of it); repetition penalty (multiplicative, as TensorRT-LLM and HF)
+    counts prompt and generated tokens; presence and frequency penalties (additive, OpenAI-style) count
+    generated tokens only; min_tokens masks every end id until that many tokens were generated. Also
+    keeps the model's log distribution after these for return_log_probs.
     """
 
     def _wants(self, params: SamplingParams) -> bool:
-        return params.needs_penalties or params.return_log_probs
+        return params.needs_penalties or params.return_log_probs or params.return_generation_logits
 
     def _record(self, entry: Entry, state) -> None:
-        p = entry.params
         entry.generated = len(state.generated_tokens)
-        if p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty:
+        if entry.params.needs_history:
             entry.history = list(state.initial_tokens) + list(state.generated_tokens)
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         out = None
         for i, entry in self._rows(scores):
             p = entry.params
+            if p.return_generation_logits:
+                entry.logits.append(scores[i].detach().float().cpu().numpy().copy())
             if p.needs_penalties:
                 if out is None:
                     out = scores.clone()
                 row = out[i]
+                if p.embedding_bias:
+                    ids = torch.tensor(list(p.embedding_bias), dtype=torch.long, device=row.device)
+                    row[ids] += torch.tensor(list(p.embedding_bias.values()), dtype=row.dtype, device=row.device)
+                if p.bad_words:
+                    out[i] = _ban_words(entry, row)
+                    row = out[i]
                 if p.repetition_penalty != 1.0 and entry.history:
                     ids = torch.tensor(sorted(set(entry.history)), dtype=torch.long, device=row.device)
                     vals = row[ids]
@@ -245,6 +279,17 @@ class PenaltyProcessor(_HandleProcessor):
                 src = scores if out is None else out
                 entry.scratch = torch.log_softmax(src[i].float(), dim=-1)
         return scores if out is None else out
+
+
+def _ban_words(entry: Entry, row: torch.Tensor) -> torch.Tensor:
+    """``row`` with the request's bad words banned, by transformers' NoBadWordsLogitsProcessor over its history."""
+    from transformers.generation.logits_process import NoBadWordsLogitsProcessor
+
+    if entry.bad_words is None:
+        # eos_token_id=None: an end id may be a bad word too (TensorRT-LLM bans what it is given)
+        entry.bad_words = NoBadWordsLogitsProcessor([list(w) for w in entry.params.bad_words], eos_token_id=None)
+    history = torch.tensor([entry.history], dtype=torch.long, device=row.device)  # prompt + generated: never empty
+    return entry.bad_words(history, row.unsqueeze(0)).squeeze(0)
 
 
 class SamplerProcessor(_HandleProcessor):
