@@ -53,14 +53,16 @@ def test_sampling_inputs_map_onto_sampling_params():
     assert o.return_log_probs and set(o.sampling) <= FIELDS
 
 
-def test_temperature_alone_samples_the_whole_distribution():
-    # top_k and top_p both unset is greedy in the LLM API: top_p 1.0 keeps it sampling
-    assert opts(temperature=0.8).sampling == {"max_tokens": 16, "temperature": 0.8, "top_p": 1.0}
-    assert opts(runtime_top_k=0, runtime_top_p=0.0, temperature=1.0).sampling["top_p"] == 1.0
+def test_temperature_alone_is_greedy_as_in_tensorrt_llm():
+    """TensorRT-LLM: top_k 0 and top_p 0 (unset) mean greedy whatever the temperature (regularizeTopKTopP);
+    top_p 1.0 samples the whole distribution."""
+    assert opts(temperature=0.8).sampling == {"max_tokens": 16, "top_k": 1}
+    assert opts(runtime_top_k=0, runtime_top_p=0.0, temperature=1.0).sampling == {"max_tokens": 16, "top_k": 1}
+    assert opts(temperature=0.8, runtime_top_p=1.0).sampling == {"max_tokens": 16, "temperature": 0.8, "top_p": 1.0}
 
 
 @pytest.mark.parametrize("inputs", [dict(temperature=0.0, runtime_top_k=50), dict(runtime_top_k=1, temperature=1.0),
-                                    dict(runtime_top_p=1.0), dict(runtime_top_k=0)])
+                                    dict(temperature=0.9), dict(runtime_top_k=0)])
 def test_greedy_requests(inputs):
     s = opts(**inputs).sampling
     assert s["top_k"] == 1 and "temperature" not in s and "top_p" not in s
@@ -71,7 +73,7 @@ def test_end_id_is_also_the_pad_id_unless_sent():
 
 
 def test_num_return_sequences_and_beam_search():
-    o = opts(num_return_sequences=3, temperature=1.0)
+    o = opts(num_return_sequences=3, temperature=1.0, runtime_top_p=1.0)
     assert o.sampling["n"] == 3 and o.num_sequences == 3 and not o.beam_search
     o = opts(beam_width=4, max_beam_width=4)
     assert o.beam_search and o.num_sequences == 4
@@ -286,7 +288,7 @@ def test_model_sends_a_clear_error_to_the_bad_request_only(llmapi_model):
 
 def test_model_streams_every_sequence_with_its_index_and_log_probs(llmapi_model):
     req = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8], streaming=[True],
-                   temperature=[0.9], num_return_sequences=[2], return_log_probs=[True],
+                   temperature=[0.9], runtime_top_p=[1.0], num_return_sequences=[2], return_log_probs=[True],
                    exclude_input_in_output=[False])
     sent = _run(llmapi_model, req)
     ids, params, streaming = llmapi_model.llm.calls[0]

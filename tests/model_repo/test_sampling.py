@@ -54,14 +54,16 @@ def runner(tiny_llama):
 def test_greedy_is_deterministic_and_top_k_1_equals_greedy(runner):
     greedy, _ = runner()
     assert greedy == runner()[0]
+    # temperature alone is greedy (TensorRT-LLM: top_k 0 and top_p 0, the defaults, mean greedy)
+    assert runner(temperature=1.5, seed=3)[0] == greedy
     assert runner(top_k=1, temperature=1.5, seed=3)[0] == greedy
     assert runner(temperature=0.0, top_p=0.9)[0] == greedy
 
 
 def test_seeded_sampling_repeats_and_seeds_differ(runner):
-    a, _ = runner(temperature=1.5, seed=1)
-    assert runner(temperature=1.5, seed=1)[0] == a
-    others = [runner(temperature=1.5, seed=s)[0] for s in (2, 3)]
+    a, _ = runner(temperature=1.5, top_p=1.0, seed=1)
+    assert runner(temperature=1.5, top_p=1.0, seed=1)[0] == a
+    others = [runner(temperature=1.5, top_p=1.0, seed=s)[0] for s in (2, 3)]
     assert any(o != a for o in others)
 
 
@@ -128,7 +130,7 @@ def test_bad_words_are_never_generated(runner):
     assert greedy[0] not in out and out != greedy
     # a pair a seeded answer holds at i, i+1, where its head comes for the first time (the prompt counts: the
     # ban applies wherever the sequence ends with the head), so the same draws lead up to it
-    opts = {"temperature": 1.5, "seed": 5}
+    opts = {"temperature": 1.5, "top_p": 1.0, "seed": 5}
     base, _ = runner(max_new=12, **opts)
     seq = PROMPT + base
     i = next(i for i in range(len(base) - 1) if base[i] not in seq[:len(PROMPT) + i])

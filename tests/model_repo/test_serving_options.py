@@ -117,6 +117,8 @@ def test_greedy_equals_top_k_1_and_temperature_0(server, engine_dir):
     greedy, _, _ = _text(server, prompt, 16)
     assert _text(server, prompt, 16, extra={"top_k": 1, "temperature": 0.9, "seed": 7})[0] == greedy
     assert _text(server, prompt, 16, extra={"temperature": 0.0})[0] == greedy
+    # temperature alone is greedy, as in TensorRT-LLM (top_k 0 and top_p 0, the defaults, mean greedy)
+    assert _text(server, prompt, 16, extra={"temperature": 1.5, "seed": 9})[0] == greedy
 
 
 def test_seed_makes_sampling_reproducible_and_seeds_differ(server, engine_dir):
@@ -154,7 +156,8 @@ def test_log_probs_sequences_and_exclude_input(server, engine_dir):
     lps = [float(x) for c in chunks if c.outputs and "output_log_probs" in c.outputs
            for x in c.outputs["output_log_probs"].reshape(-1)]
     assert lps and all(lp <= 0 for lp in lps)
-    _, _, chunks = _text(server, prompt, 8, extra={"num_return_sequences": 2, "temperature": 1.0, "seed": 3},
+    _, _, chunks = _text(server, prompt, 8, extra={"num_return_sequences": 2, "temperature": 1.0, "top_p": 1.0,
+                                                   "seed": 3},
                          extra_outputs=("sequence_index",))
     assert {int(c.outputs["sequence_index"].reshape(-1)[0]) for c in chunks if c.outputs} == {0, 1}
     # upstream's rule: a streamed answer never repeats the prompt; a non-streaming one leads with it unless

@@ -133,7 +133,7 @@ def test_fp8_context_fmha_on_ada_is_planned_and_passed():
     assert flags["use_fp8_context_fmha"] == "enable" and flags["use_paged_context_fmha"] == "disable"
 
 
-@pytest.mark.parametrize("sm", sorted(set(range(89, 125)) - set(FP8_CTX_SM)))
+@pytest.mark.parametrize("sm", [91, 110, 122])  # SM >= 89 (so not the FP8 gate) without the kernels
 def test_fp8_context_fmha_refused_where_attention_op_has_no_kernel(sm):
     with pytest.raises(SpecError) as e:
         resolve_plugins(quant_algo="fp8", kv_cache_quant_algo="fp8", dtype="float16", sm=sm, tp_size=1, pp_size=1,

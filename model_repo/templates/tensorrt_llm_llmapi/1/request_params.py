@@ -5,9 +5,9 @@
 # The request inputs use the TensorRT-LLM backend's names (model_repo.generate.RUNTIME_INPUTS); the
 # rules are the portable runtime's (tensorrt_llm_pytorch/1/sampling.py), so a request decodes the
 # same way on every runtime:
-#   greedy unless temperature > 0, top_k > 1 or 0 < top_p < 1 is sent; top_k == 1 or temperature == 0
-#   is greedy. Greedy is SamplingParams(top_k=1); sampling passes temperature/top_k and top_p (1.0
-#   when not limited: with top_k and top_p both unset the LLM API decodes greedily).
+#   greedy unless top_k > 1, or top_k unset (0) with top_p > 0, is sent (TensorRT-LLM's rule: top_k 0 and
+#   top_p 0 mean greedy, so temperature alone does not sample); temperature == 0 is greedy. Greedy is
+#   SamplingParams(top_k=1); sampling passes temperature, top_k and top_p as sent.
 #   seed -> seed; repetition/presence/frequency_penalty as they are; min_tokens;
 #   return_log_probs -> logprobs=1 (the sampled token's log probability); return_context_logits and
 #   return_generation_logits as they are; embedding_bias (a float per token id) -> embedding_bias;
@@ -108,11 +108,10 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
     if top_k is not None and int(top_k) < 0:
         raise RequestOptionError(f"top_k = {top_k}: must be >= 0 (0 means no limit, 1 means greedy)")
     if top_p is not None and not (0.0 <= _finite("top_p", top_p) <= 1.0):
-        raise RequestOptionError(f"top_p = {top_p}: must be in [0, 1] (0 or 1 means no limit)")
-    sampling_asked = ((temperature is not None and temperature > 0) or (top_k is not None and top_k > 1)
-                      or (top_p is not None and 0 < top_p < 1))
-    greedy = not sampling_asked or (top_k is not None and int(top_k) == 1) or (temperature is not None
-                                                                                and temperature == 0)
+        raise RequestOptionError(f"top_p = {top_p}: must be in [0, 1] (0 means unset)")
+    k = int(top_k) if top_k is not None else 0
+    sampling_asked = k > 1 or (k == 0 and top_p is not None and top_p > 0)
+    greedy = not sampling_asked or (temperature is not None and temperature == 0)
 
     beam_width = int(get("beam_width") or 1)
     if beam_width < 1 or beam_width > max_beam_width:
@@ -144,9 +143,9 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
         else:
             if temperature is not None:
                 kw["temperature"] = float(temperature)
-            if top_k is not None and int(top_k) > 0:
-                kw["top_k"] = int(top_k)
-            kw["top_p"] = float(top_p) if top_p is not None and 0 < top_p < 1 else 1.0
+            if k > 0:
+                kw["top_k"] = k
+            kw["top_p"] = float(top_p) if top_p is not None and top_p > 0 else 1.0
     elif temperature is not None and temperature > 0:
         kw["temperature"] = float(temperature)
 

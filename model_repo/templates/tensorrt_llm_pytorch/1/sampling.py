@@ -79,8 +79,10 @@ def parse_params(get, *, end_ids, max_new_tokens: int, bad_words=(), embedding_b
                  vocab_size: int | None = None) -> SamplingParams:
     """Validate a request's options. ``get(name)`` returns the scalar input or None when absent.
 
-    Sampling is on when temperature > 0, top_k > 1 or 0 < top_p < 1 is sent; greedy otherwise
-    (nothing sent, top_k == 1, or temperature == 0). ``bad_words`` are token-id lists (bad_words_list);
+    Greedy unless top_k > 1, or top_k unset (0) with top_p > 0, is sent; temperature == 0 is greedy too.
+    That is TensorRT-LLM's rule (regularizeTopKTopP in its sampling kernels: top_k 0 and top_p 0, the
+    defaults, mean greedy; top_k > 0 with top_p 0 means top_p 1), so temperature alone does not sample,
+    as with the C++ backend and the LLM API. ``bad_words`` are token-id lists (bad_words_list);
     ``embedding_bias`` is the embedding_bias input (float per token id; zeros and an empty one mean none),
     at most ``vocab_size`` long.
     """
@@ -105,11 +107,10 @@ def parse_params(get, *, end_ids, max_new_tokens: int, bad_words=(), embedding_b
         p.top_k = int(top_k)
     if top_p is not None:
         if not (0.0 <= top_p <= 1.0):
-            raise SamplingError(f"top_p = {top_p}: must be in [0, 1] (0 or 1 means no limit)")
+            raise SamplingError(f"top_p = {top_p}: must be in [0, 1] (0 means unset)")
         p.top_p = float(top_p) if top_p > 0 else 1.0
-    sampling_asked = ((temperature is not None and temperature > 0) or (top_k is not None and top_k > 1)
-                      or (top_p is not None and 0 < top_p < 1))
-    p.greedy = not sampling_asked or p.top_k == 1 or (temperature is not None and temperature == 0)
+    sampling_asked = p.top_k > 1 or (p.top_k == 0 and top_p is not None and top_p > 0)
+    p.greedy = not sampling_asked or (temperature is not None and temperature == 0)
     seed = get("seed")
     if seed is not None:
         p.seed = int(seed) & 0x7FFF_FFFF_FFFF_FFFF

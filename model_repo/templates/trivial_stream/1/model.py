@@ -13,7 +13,7 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
 
 
 def _scalar(request, name, default):
@@ -36,6 +36,7 @@ class _State:
 class TritonPythonModel:
     def initialize(self, args):
         cfg = _json.loads(args["model_config"])
+        self.output_dtypes = _output_dtypes(cfg)
         value = cfg.get("parameters", {}).get("token_delay_us", {}).get("string_value", "0")
         self.delay = max(0, int(value or 0)) / 1e6
         self.incoming = queue.Queue()
@@ -60,11 +61,12 @@ class TritonPythonModel:
         st.first_token = st.first_token or now
         out = [pb_utils.Tensor("text_output", np.array([b" tok"], dtype=object)),
                pb_utils.Tensor("num_output_tokens", np.array([1], dtype=np.int32))]
-        if st.perf:
-            for name, v in (("arrival_time_ns", st.arrival), ("first_scheduled_time_ns", st.scheduled),
-                            ("first_token_time_ns", st.first_token), ("last_token_time_ns", now),
-                            ("kv_cache_alloc_new_blocks", 0), ("kv_cache_reused_blocks", 0)):  # no KV cache
-                out.append(pb_utils.Tensor(name, np.array([v], dtype=np.int64)))
+        if st.perf:  # no KV cache, no drafts: the counts are 0
+            out += _perf_tensors(self.output_dtypes, {
+                "arrival_time_ns": st.arrival, "first_scheduled_time_ns": st.scheduled,
+                "first_token_time_ns": st.first_token, "last_token_time_ns": now, "kv_cache_alloc_new_blocks": 0,
+                "kv_cache_reused_blocks": 0, "kv_cache_alloc_total_blocks": 0, "acceptance_rate": 0.0,
+                "total_accepted_draft_tokens": 0, "total_draft_tokens": 0})
         return pb_utils.InferenceResponse(output_tensors=out)
 
     def _loop(self):
