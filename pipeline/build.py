@@ -282,14 +282,12 @@ def _engine_stage(build, target: TargetProfile, hf_dir, ckpt: StageResult, out, 
 
 
 def _package_stage(build, target: TargetProfile, engine: StageResult, out, force) -> StageResult:
-    from model_repo.generate import RUNTIME_CONFIG, TEMPLATES, default_sys_path, plan_repository, write_repository
+    from model_repo.generate import default_sys_path, plan_repository, write_repository
 
     s = build.settings
-    templates = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.rglob("*")) if p.is_file())
-                               + RUNTIME_CONFIG.read_bytes())
     kv_pool = _planned_kv_tokens(out / "plan.json")
     key = stage_key(stage="model_repo", engine=engine.key, serving=s.serving.model_dump(mode="json"),
-                    target=target.model_dump(mode="json"), templates=templates.hexdigest(),
+                    target=target.model_dump(mode="json"), templates=_templates_digest(),
                     sys_path=default_sys_path(), engine_dir=str(engine.path), kv_pool=kv_pool)
 
     def produce(tmp: Path) -> dict:
@@ -427,10 +425,13 @@ def _llmapi_engine_stage(build, hf_dir, ckpt: StageResult, out, force) -> StageR
 
 
 def _templates_digest() -> str:
-    from model_repo.generate import TEMPLATES
+    """SHA-256 of what writes a repository: the templates, the spliced runtime settings and the generator
+    itself (its tensor tables and values reach every config.pbtxt)."""
+    import model_repo.generate as generate
 
-    return hashlib.sha256(b"".join(p.read_bytes() for p in sorted(TEMPLATES.rglob("*"))
-                                   if p.is_file() and "__pycache__" not in p.parts)).hexdigest()
+    files = [p for p in sorted(generate.TEMPLATES.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
+    files += [generate.RUNTIME_CONFIG, Path(generate.__file__)]
+    return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
 
 
 def _print_handoff(build, target, ckpt: StageResult, bundle: StageResult, world: int) -> None:
