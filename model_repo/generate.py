@@ -94,7 +94,7 @@ RUNTIME_OUTPUTS: tuple[PassThrough, ...] = (
     PassThrough("context_logits", "context_logits", "TYPE_FP32", "[ -1, -1 ]"),
     PassThrough("generation_logits", "generation_logits", "TYPE_FP32", "[ -1, -1, -1 ]"),
 )
-# The outputs of a request with return_perf_metrics. The C++ backend writes all eleven whenever the flag is
+# The outputs of a request with return_perf_metrics. The C++ backend writes all ten whenever the flag is
 # set (model_instance_state.cc fillTritonResponse), and Triton fails the response on an output the config
 # does not declare, so every one is declared, with the backend's dtypes (tests/facts/trtllm_1_2_1/perf_outputs.json).
 PERF_OUTPUTS: tuple[PassThrough, ...] = tuple(PassThrough(n, n, t) for n, t in (

@@ -133,7 +133,7 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
                                      f"{max_batch_size}")
         if n > 1 and greedy:
             raise RequestOptionError(f"num_return_sequences = {n} with greedy decoding gives {n} identical answers: "
-                                     "also send temperature > 0, top_k > 1 or top_p < 1 (or beam_width > 1)")
+                                     "also send top_k > 1 or top_p > 0 (or beam_width > 1)")
         if n > 1:
             kw["n"] = n
 

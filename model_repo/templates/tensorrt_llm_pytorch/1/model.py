@@ -562,7 +562,7 @@ class TritonPythonModel:
                                        vocab_size=self.vocab_size)
         if n_seq > 1 and params.greedy:
             raise RequestError(f"num_return_sequences = {n_seq} with greedy decoding gives {n_seq} identical "
-                               "answers: also send temperature > 0, top_k > 1 or top_p < 1")
+                               "answers: also send top_k > 1 or top_p > 0 (a temperature alone is greedy)")
         return {"ids": ids, "max_new": max_new, "n_seq": n_seq, "end_ids": end_ids, "exclude": exclude,
                 "stop_ids": stop_ids, "params": params}
 
