@@ -112,13 +112,18 @@ check_gpus() {{
 }}
 
 repoint_paths() {{
-  # The repository was written with the bundle at $PLANNED_DIR; point it at where it is now.
-  if [ "$BUNDLE_DIR" != "$PLANNED_DIR" ]; then
-    find "$BUNDLE_DIR/model_repo" -name config.pbtxt -exec sed -i "s#$PLANNED_DIR#$BUNDLE_DIR#g" {{}} +
+  # The repository names the folder it was last pointed at (written for $PLANNED_DIR; gpt_model_path is
+  # <that folder>/engine): point it at where the bundle is now. Reading it from the config, not from
+  # PLANNED_DIR, keeps a copy of a copy right, and a second run changes nothing.
+  local recorded
+  recorded="$(sed -n 's#.*key: "gpt_model_path" value: {{ string_value: "\\(.*\\)/engine" }}.*#\\1#p' \\
+    "$BUNDLE_DIR/model_repo/tensorrt_llm/config.pbtxt")"
+  [ -n "$recorded" ] || die "model_repo/tensorrt_llm/config.pbtxt names no gpt_model_path: rebuild the bundle"
+  if [ "$BUNDLE_DIR" != "$recorded" ]; then
+    find "$BUNDLE_DIR/model_repo" -name config.pbtxt -exec sed -i "s#$recorded#$BUNDLE_DIR#g" {{}} +
   fi
   # The Python models use the container's interpreter, not the build machine's site-packages.
   for f in "$BUNDLE_DIR"/model_repo/*/sys_path.json; do [ -f "$f" ] && echo '[]' > "$f"; done
-  PLANNED_DIR="$BUNDLE_DIR"
 }}
 
 check_engine() {{

@@ -292,7 +292,9 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
         StageError: the engine or tokenizer folder is incomplete.
     """
     s = build.settings
-    engine = {"build_config": build_config} if build_config is not None else _engine_config(engine_dir)
+    # a GPU-host bundle plans before the engine exists; trtllm-build will write the limits to config.json
+    engine = ({"build_config": build_config, "file": "config.json" if s.runtime == "trtllm" else "engine.json"}
+              if build_config is not None else _engine_config(engine_dir))
     bc = engine["build_config"]
     tokenizer_dir = tokenizer_dir or engine_dir
     problems = check_against_engine(build, engine, tokenizer_dir, engine_built=build_config is None)

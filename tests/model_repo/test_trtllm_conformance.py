@@ -73,7 +73,7 @@ def repositories(tiny_llama, tmp_path_factory) -> dict:
         configs = write_repository(plan, tmp / "model_repo")
         argv = trtllm_build_argv(checkpoint_dir=tmp / "ckpt", output_dir=tmp / "engine", build_config=bc,
                                  plugins=trtllm_plugins(build, tgt), world_size=tp * pp, gpus_available=8)
-        out[ident] = {"build": build, "target": tgt,
+        out[ident] = {"build": build, "target": tgt, "plan": plan.as_dict(),
                       "configs": {n: json_format.MessageToDict(c, preserving_proto_field_name=True)
                                   for n, c in configs.items()}, "argv": argv}
     return out
@@ -115,6 +115,12 @@ def test_tensorrt_llm_parameters_are_the_ones_the_backend_reads_with_values_it_p
             assert value in {v for v in values if " " not in v and "$" not in v}, (key, value, list(values))
     assert params["gpt_model_type"] == "inflight_fused_batching"
     assert params["decoding_mode"] in BACKEND["parameters"]["decoding_mode"]["values"]
+
+
+def test_sources_name_the_file_trtllm_build_writes(repo):
+    """The bundle's configs say where each limit comes from: a trtllm-build engine's config.json."""
+    comments = json.dumps(repo["plan"])
+    assert "engine/config.json build_config" in comments and "engine.json" not in comments
 
 
 def test_gpu_device_ids_are_node_local(repo):

@@ -122,3 +122,25 @@ def test_bundle_when_tensorrt_llm_absent(tmp_path, tiny_llama, monkeypatch, caps
     assert res.returncode == 2 and "planned for TensorRT-LLM 1.2.1" in res.stderr
     m2 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
     assert all(_stages(m2).values())
+    _check_bundle_moves(bundle, tmp_path)
+
+
+def _check_bundle_moves(bundle: Path, tmp_path: Path) -> None:
+    """`serve` points the repository at where the bundle is now: after one move, and after a copy of that copy
+    (the repository names the folder it was last pointed at; the script's planned path is stale by then)."""
+    import shutil
+
+    def serve(folder: Path) -> str:
+        res = subprocess.run(["bash", str(folder / "build_and_serve.sh"), "serve"], capture_output=True, text=True)
+        assert res.returncode == 2 and "no complete engine" in res.stderr, res.stderr  # stops before serving
+        return (folder / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text() + \
+            (folder / "model_repo" / "preprocessing" / "config.pbtxt").read_text()
+
+    first, second = tmp_path / "moved" / "one", tmp_path / "moved" / "two"
+    shutil.copytree(bundle, first, symlinks=True)
+    text = serve(first)
+    assert f'"{first}/engine"' in text and f'"{first}/tokenizer"' in text and str(bundle) not in text
+    assert serve(first) == text  # a second run changes nothing
+    shutil.copytree(first, second, symlinks=True)
+    text = serve(second)
+    assert f'"{second}/engine"' in text and f'"{second}/tokenizer"' in text and str(first) not in text
