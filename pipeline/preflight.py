@@ -17,7 +17,7 @@ from builders.quantize import QUANT_RECIPES
 from pipeline.errors import Problem, SpecError
 from pipeline.spec import ResolvedBuild
 from pipeline.targets import TargetProfile
-from plugins.resolve import FP8_CONTEXT_FMHA_ALGOS, SM_FP8_MIN, SM_INT4_WO_REFUSED, fp8_context_fmha_refusal
+from plugins.resolve import FP8_CONTEXT_FMHA_ALGOS, SM_FP8_MIN, SM_INT4_WO_REFUSED, fp8_context_fmha_problem
 
 ENGINE_RUNTIMES = ("trtllm", "trtllm-llmapi")
 # SM gates live in plugins/resolve.py (SM_FP8_MIN: FP8 tensor cores from Ada, ModelOpt support matrix "GPUs:
@@ -122,12 +122,10 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
         problems += _resolver_refusals(build, target, problems, w)
     # FP8 context FMHA: FP8/W4A8 checkpoints only, on the SMs whose kernels exist (plugins/resolve.py, one rule
     # for the plan, the resolver and here).
-    refusal = fp8_context_fmha_refusal(recipe.quant_algo, sm if engine else None)
-    if q.use_fp8_context_fmha and refusal is not None:
-        problems.append(Problem(w("quantization.use_fp8_context_fmha"), True, refusal,
-                                "remove quantization.use_fp8_context_fmha (null lets the resolver decide) or set "
-                                "it to false", code="fp8_context_fmha_needs_fp8"
-                                if recipe.quant_algo not in FP8_CONTEXT_FMHA_ALGOS else "fp8_context_fmha_sm"))
+    problem = fp8_context_fmha_problem(recipe.quant_algo, sm if engine else None,
+                                       w("quantization.use_fp8_context_fmha"))
+    if q.use_fp8_context_fmha and problem is not None:
+        problems.append(problem)
 
     # KV-cache reuse and chunked context need an engine built with paged context FMHA
     # (https://nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html: "KV cache reuse

@@ -43,6 +43,18 @@ def fp8_context_fmha_refusal(quant_algo: Optional[str], sm: Optional[int]) -> Op
     return None
 
 
+def fp8_context_fmha_problem(quant_algo: Optional[str], sm: Optional[int],
+                             field: str = "quantization.use_fp8_context_fmha") -> Optional[Problem]:
+    """The problem with ``use_fp8_context_fmha: true`` for ``quant_algo`` on ``sm`` (None when it can run);
+    ``field`` is the spec field to name (``targets.<t>.quantization...`` for an override)."""
+    refusal = fp8_context_fmha_refusal(quant_algo, sm)
+    if refusal is None:
+        return None
+    return Problem(field, True, refusal, "remove quantization.use_fp8_context_fmha (null lets the resolver "
+                   "decide) or set it to false", code="fp8_context_fmha_needs_fp8"
+                   if quant_algo not in FP8_CONTEXT_FMHA_ALGOS else "fp8_context_fmha_sm")
+
+
 @dataclass(frozen=True)
 class PluginDecision:
     """One ``trtllm-build`` flag.
@@ -116,7 +128,7 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
                               "needed for in-flight batching"))
     out.append(PluginDecision("tokens_per_block", str(tokens_per_block), "spec: limits.tokens_per_block"))
 
-    refusal = fp8_context_fmha_refusal(qa, sm if sm is not None else SM_FP8_CONTEXT_FMHA[0])
+    refusal = fp8_context_fmha_refusal(qa, sm)
     fp8_ctx_possible = refusal is None and sm is not None
     wants_paged_ctx = enable_kv_cache_reuse or enable_chunked_context
     why = " and ".join(n for n, on in (("KV-cache reuse", enable_kv_cache_reuse),
@@ -198,12 +210,8 @@ def _check_hardware(qa: Optional[str], kv_cache_quant_algo: Optional[str], sm: O
                     use_fp8_context_fmha: Optional[bool] = None) -> None:
     """Refuse what trtllm-build 1.2 refuses on this GPU, before any GPU time is spent."""
     problems = []
-    refusal = fp8_context_fmha_refusal(qa, sm)
-    if use_fp8_context_fmha and refusal is not None:
-        problems.append(Problem("quantization.use_fp8_context_fmha", True, refusal,
-                                "remove quantization.use_fp8_context_fmha (null lets the resolver decide) or set "
-                                "it to false", code="fp8_context_fmha_needs_fp8" if sm is None or
-                                qa not in FP8_CONTEXT_FMHA_ALGOS else "fp8_context_fmha_sm"))
+    if use_fp8_context_fmha and (problem := fp8_context_fmha_problem(qa, sm)) is not None:
+        problems.append(problem)
     if sm is None:
         if problems:
             raise SpecError(problems)
