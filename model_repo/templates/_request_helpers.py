@@ -27,6 +27,23 @@ def _prompt_ids(request):
     return [int(x) for x in ids[:n]]
 
 
+def _words(request, name, b=0, batch=1):
+    """stop_words_list / bad_words_list entry ``b`` of a request of ``batch`` ([B, 2, L] or [2, L]: token ids,
+    then end offsets padded with -1; the backend's layout) as a list of token-id lists."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None or t.as_numpy().size == 0:
+        return []
+    arr = t.as_numpy()
+    arr = arr.reshape(-1, 2, arr.shape[-1])
+    arr = arr[b] if arr.shape[0] == batch else arr[0]
+    words, start = [], 0
+    for end in [int(o) for o in arr[1].tolist() if o >= 0]:
+        if end > start:
+            words.append([int(x) for x in arr[0][start:end].tolist()])
+        start = end
+    return words
+
+
 def _output_dtypes(cfg):
     """numpy dtype of each output the model's config declares (its data_type), so responses match it."""
     return {o["name"]: pb_utils.triton_string_to_numpy(o["data_type"]) for o in cfg.get("output", [])}

@@ -84,7 +84,6 @@ def test_num_return_sequences_and_beam_search():
 
 
 def test_stop_and_bad_words():
-    assert rp.parse_words([5, 6, 7, 9, 0], [2, 3, 4, -1, -1]) == [[5, 6], [7], [9]]
     decode = {(5, 6): "five six"}.get
     o = opts(stop_words=[[5, 6], [7]], bad_words=[[9]], decode=lambda ids: decode(tuple(ids)))
     assert o.sampling["stop"] == ["five six"] and o.sampling["stop_token_ids"] == [7]
@@ -343,3 +342,18 @@ def test_model_leads_a_non_streaming_answer_with_the_prompt_and_sends_perf_in_ba
     excluded = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8],
                         exclude_input_in_output=[True])
     assert [int(x) for x in _run(llmapi_model, excluded)[0][0].tensors["output_ids"].reshape(-1)] == [100, 101, 102]
+
+
+def test_model_reads_the_backends_words_layout(llmapi_model):
+    """stop_words_list / bad_words_list rows: token ids, then end offsets padded with -1 ([1, 2, L])."""
+    class _Tok:
+        def decode(self, ids):
+            return {(5, 6): "five six"}[tuple(ids)]
+
+    llmapi_model.llm.tokenizer = _Tok()
+    req = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[4],
+                   stop_words_list=[[[5, 6, 7, 9, 0], [2, 3, 4, -1, -1]]], bad_words_list=[[[8], [1]]])
+    _run(llmapi_model, req)
+    params = llmapi_model.llm.calls[0][1]
+    assert params["stop"] == ["five six"] and params["stop_token_ids"] == [7, 9]  # [[5, 6], [7], [9]]
+    assert params["bad_token_ids"] == [8]

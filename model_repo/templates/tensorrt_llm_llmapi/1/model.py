@@ -60,16 +60,6 @@ def _bias(request):
     return None if t is None else [float(x) for x in t.as_numpy().reshape(-1)]
 
 
-def _words(request, name):
-    """stop_words_list / bad_words_list ([2, -1] or [1, 2, -1]) as token-id lists."""
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    if t is None or t.as_numpy().size == 0:
-        return []
-    arr = t.as_numpy()
-    arr = arr[0] if arr.ndim == 3 else arr.reshape(2, -1)
-    return request_params.parse_words(arr[0].tolist(), arr[1].tolist())
-
-
 class TritonPythonModel:
     def initialize(self, args):
         cfg = json.loads(args["model_config"])

@@ -42,17 +42,6 @@ class RequestOptions:
     embedding_bias: list | None = None  # floats, one per token id (the model makes the torch tensor)
 
 
-def parse_words(flat, offsets) -> list:
-    """The backend's words layout (one row of stop_words_list / bad_words_list: token ids, then end
-    offsets padded with -1) as a list of token-id lists."""
-    words, start = [], 0
-    for end in [int(o) for o in offsets if int(o) >= 0]:
-        if end > start:
-            words.append([int(t) for t in flat[start:end]])
-        start = end
-    return words
-
-
 def _finite(name, value):
     value = float(value)
     if not math.isfinite(value):
@@ -84,7 +73,7 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
         get: ``get(name)`` returns the request's scalar input ``name`` or None when absent.
         max_new_tokens: request_output_len.
         max_beam_width, max_batch_size: the engine's limits (config.pbtxt parameters).
-        stop_words, bad_words: token-id lists (see :func:`parse_words`).
+        stop_words, bad_words: token-id lists (stop_words_list / bad_words_list read by the model).
         decode: token ids -> text with the model's tokenizer (for words of several tokens).
         exclude_input_default: the model's exclude_input_in_output parameter.
         embedding_bias: the embedding_bias input (floats per token id; empty or all zeros: none), at most

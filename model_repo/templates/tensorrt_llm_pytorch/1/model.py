@@ -49,24 +49,6 @@ def _row_scalar(request, name, b, batch, default=None):
     return _row(t.as_numpy(), b, batch)[0].item()
 
 
-def _words(request, name, b, batch):
-    """stop_words_list / bad_words_list row ``b`` ([B, 2, L] or [2, L]: flat ids, then end offsets padded
-    with -1) as token-id lists."""
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    if t is None or t.as_numpy().size == 0:
-        return []
-    arr = t.as_numpy()
-    arr = arr.reshape(-1, 2, arr.shape[-1])
-    arr = arr[b] if arr.shape[0] == batch else arr[0]
-    flat, offsets = arr[0].tolist(), [int(o) for o in arr[1].tolist() if o >= 0]
-    words, start = [], 0
-    for end in offsets:
-        if end > start:
-            words.append([int(t) for t in flat[start:end]])
-        start = end
-    return words
-
-
 class RequestError(ValueError):
     """A per-request validation error: sent to that request only; the server keeps serving."""
 
