@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from pipeline.errors import StageError
+from plugins.errors import StageError
 
 
 @dataclass(frozen=True)

@@ -18,20 +18,20 @@ from safetensors.torch import save_file
 
 from builders.checkpoint import to_hf_state_dict
 from builders.model_fetch import copy_tokenizer
-from pipeline.errors import StageError
+from builders.spec import LimitsConfig
+from plugins.errors import StageError
 
 ENGINE_FORMAT_VERSION = 1
 
 
-def build_pytorch_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, build_config: dict) -> dict:
+def build_pytorch_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, limits: LimitsConfig) -> dict:
     """Write the portable runtime's engine folder.
 
     Args:
         ckpt_dir: TensorRT-LLM checkpoint (config.json + rank*.safetensors).
         hf_dir: the source HF folder (for config.json and the tokenizer).
         out_dir: empty folder to fill.
-        build_config: limits recorded in engine.json (max_batch_size, max_input_len,
-            max_seq_len, max_num_tokens, max_beam_width, tokens_per_block).
+        limits: the build limits, recorded in engine.json ``build_config``.
 
     Returns:
         engine.json's content.
@@ -65,7 +65,7 @@ def build_pytorch_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, build_c
         "checkpoint_quant_algo": info.quant_algo,
         "checkpoint_group_size": info.group_size,
         "mapping": {"tp_size": info.tp_size, "pp_size": info.pp_size, "world_size": info.world_size},
-        "build_config": build_config,
+        "build_config": limits.as_dict(),
         "pretrained_config": {k: info.config.get(k) for k in (
             "architecture", "dtype", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
             "num_key_value_heads", "head_size", "max_position_embeddings", "rotary_base")},

@@ -10,53 +10,72 @@ Three pieces, each testable alone:
   ``rank{r}.engine``, or whose ``build_config`` limits differ from the plan's.
 
 Flag names follow ``tensorrt_llm/commands/build.py`` and ``tensorrt_llm/plugin/plugin.py`` of
-TensorRT-LLM 1.2 (see shared/reference/trtllm.md). The executable is ``trtllm-build`` from
-PATH; ``TRTPIPE_TRTLLM_BUILD`` overrides it for tests only (a test double).
+TensorRT-LLM 1.2 (facts recorded in tests/facts/trtllm_1_2_1/trtllm_build.json). Which
+``trtllm-build`` runs, and which versions it reports, is a :class:`Toolchain` the caller passes
+in; :func:`installed_toolchain` finds the one installed here (None where TensorRT-LLM is absent).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from pipeline.errors import StageError
+from builders.spec import ENGINE_LIMIT_KEYS as LIMIT_KEYS
+from builders.spec import LimitsConfig
+from plugins.errors import StageError
 
 TRTLLM_VERSION = "1.2.1"
 """The TensorRT-LLM release this pipeline plans engines for (the last on PyPI with trtllm-build)."""
-EXECUTABLE_ENV = "TRTPIPE_TRTLLM_BUILD"
 LOG_NAME = "trtllm-build.log"
-LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width")
 
 
-def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, build_config: dict, plugins: Iterable,
+@dataclass(frozen=True)
+class Toolchain:
+    """The ``trtllm-build`` to run and the versions it builds with.
+
+    Attributes:
+        executable: the command (program and leading arguments, e.g. ``[python, script]``).
+        versions: ``{"tensorrt-llm": ..., "tensorrt": ...}``; they enter the engine's cache key and
+            the version check.
+    """
+
+    executable: tuple[str, ...]
+    versions: dict = field(default_factory=dict)
+
+    @property
+    def tensorrt_llm(self) -> Optional[str]:
+        return self.versions.get("tensorrt-llm")
+
+
+def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, limits: LimitsConfig, plugins: Iterable,
                       world_size: int, gpus_available: int, timing_cache: Optional[Path] = None,
-                      executable: str = "trtllm-build", log_level: str = "info") -> list[str]:
+                      executable: Iterable[str] = ("trtllm-build",), log_level: str = "info") -> list[str]:
     """The ``trtllm-build`` command line for one engine.
 
     Args:
         checkpoint_dir: TensorRT-LLM checkpoint (config.json + rank*.safetensors).
         output_dir: where config.json + rank*.engine go.
-        build_config: limits (max_batch_size, max_input_len, max_seq_len, max_num_tokens,
-            max_beam_width; tokens_per_block travels with the plugins).
-        plugins: :class:`plugins.resolve.PluginDecision` list; implicit ones are not passed.
+        limits: the build limits; :data:`LIMIT_KEYS` become flags (tokens_per_block travels with the plugins).
+        plugins: decisions with a ``cli()`` (plugins.resolve.PluginDecision, the plan's PluginEntry); implicit
+            ones add nothing.
         world_size: tp x pp: engines to build.
         gpus_available: GPUs on the build host; ``--workers`` is ``min(world_size, gpus)``
             (trtllm-build itself caps workers at the CUDA device count).
         timing_cache: file read if present and written after the build (speeds up rebuilds).
-        executable: program to run.
+        executable: the command to run (program and leading arguments).
         log_level: trtllm-build ``--log_level`` (does not change the engine).
     """
-    argv = [executable, "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir)]
-    for key in LIMIT_KEYS:
-        argv += [f"--{key}", str(int(build_config[key]))]
+    argv = [*executable, "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir)]
+    for key, value in limits.engine_limits().items():
+        argv += [f"--{key}", str(int(value))]
     for decision in plugins:
         argv += decision.cli()
     argv += ["--workers", str(max(1, min(world_size, gpus_available)))]
@@ -66,35 +85,26 @@ def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, build_config: d
     return argv
 
 
-def build_executable() -> Optional[str]:
-    """The trtllm-build to run: ``$TRTPIPE_TRTLLM_BUILD`` (tests) or ``trtllm-build`` on PATH with
-    the ``tensorrt_llm`` package importable; None when TensorRT-LLM is absent."""
-    override = os.environ.get(EXECUTABLE_ENV)
-    if override:
-        return override
-    if importlib.util.find_spec("tensorrt_llm") is None:
-        return None
-    return shutil.which("trtllm-build")
-
-
-def toolchain_versions() -> dict:
-    """TensorRT-LLM and TensorRT versions installed here (None when absent)."""
+def installed_toolchain() -> Optional[Toolchain]:
+    """``trtllm-build`` from PATH with the ``tensorrt_llm`` package importable, and the installed
+    TensorRT-LLM and TensorRT versions; None when TensorRT-LLM is absent (then the build writes the
+    GPU-host bundle)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {}
+    if importlib.util.find_spec("tensorrt_llm") is None or not shutil.which("trtllm-build"):
+        return None
+    versions = {}
     for pkg in ("tensorrt-llm", "tensorrt"):
         try:
-            out[pkg] = version(pkg)
+            versions[pkg] = version(pkg)
         except PackageNotFoundError:
-            out[pkg] = None
-    return out
+            versions[pkg] = None
+    return Toolchain((shutil.which("trtllm-build"),), versions)
 
 
-def check_toolchain(versions: dict, *, test_double: bool) -> None:
+def check_toolchain(toolchain: Toolchain) -> None:
     """Refuse a TensorRT-LLM other than :data:`TRTLLM_VERSION` (engines are not portable across versions)."""
-    got = versions.get("tensorrt-llm")
-    if test_double:
-        return
+    got = toolchain.tensorrt_llm
     if got != TRTLLM_VERSION:
         raise StageError(f"TensorRT-LLM {got} is installed, but this pipeline plans engines for {TRTLLM_VERSION} "
                          f"(the serving container must match the builder). Install it with "
@@ -183,8 +193,7 @@ class _Status:
         return False
 
 
-def check_engine_output(engine_dir: Path, *, world_size: int, build_config: dict,
-                        tokens_per_block: int | None = None) -> dict:
+def check_engine_output(engine_dir: Path, *, world_size: int, limits: LimitsConfig) -> dict:
     """Check a trtllm-build output folder against the plan; return its config.json.
 
     Raises:
@@ -198,10 +207,10 @@ def check_engine_output(engine_dir: Path, *, world_size: int, build_config: dict
     if missing:
         raise StageError(f"{engine_dir}: missing {missing} for world_size {world_size} (see {LOG_NAME})")
     bc = cfg.get("build_config") or {}
-    wrong = {k: (bc.get(k), build_config[k]) for k in LIMIT_KEYS if bc.get(k) != build_config[k]}
+    wrong = {k: (bc.get(k), v) for k, v in limits.engine_limits().items() if bc.get(k) != v}
     tpb = (bc.get("plugin_config") or {}).get("tokens_per_block")
-    if tokens_per_block is not None and tpb is not None and tpb != tokens_per_block:
-        wrong["tokens_per_block"] = (tpb, tokens_per_block)
+    if tpb is not None and tpb != limits.tokens_per_block:
+        wrong["tokens_per_block"] = (tpb, limits.tokens_per_block)
     if wrong:
         detail = ", ".join(f"{k}: engine {a} vs plan {b}" for k, (a, b) in wrong.items())
         raise StageError(f"{engine_dir}/config.json build_config differs from the plan ({detail}): trtllm-build "
@@ -209,23 +218,31 @@ def check_engine_output(engine_dir: Path, *, world_size: int, build_config: dict
     return cfg
 
 
-def build_trtllm_engine(*, ckpt_dir: Path, hf_dir: Path, out_dir: Path, build_config: dict, plugins: list,
-                        world_size: int, timing_cache: Path, executable: str, progress: bool = True) -> dict:
-    """Build the engine into ``out_dir`` (an empty folder), check it, add the tokenizer; return stage facts."""
+def engine_facts(cfg: dict) -> dict:
+    """A trtllm-build config.json as the repository generator reads engines: build_config (with
+    tokens_per_block), mapping, pretrained_config, version, format, file."""
+    bc = dict(cfg.get("build_config") or {})
+    bc.setdefault("tokens_per_block", (bc.get("plugin_config") or {}).get("tokens_per_block"))
+    pre = cfg.get("pretrained_config") or {}
+    return {"build_config": bc, "mapping": pre.get("mapping") or {}, "pretrained_config": pre,
+            "version": cfg.get("version"), "format": "trtllm-build", "file": "config.json"}
+
+
+def build_trtllm_engine(*, ckpt_dir: Path, hf_dir: Path, out_dir: Path, limits: LimitsConfig, plugins: list,
+                        world_size: int, timing_cache: Path, toolchain: Toolchain, progress: bool = True) -> dict:
+    """Build the engine into ``out_dir`` (an empty folder), check it, add the tokenizer; return stage facts
+    (the engine's own config as :func:`engine_facts`, the command line, the toolchain)."""
     from builders.model_fetch import copy_tokenizer
 
     gpus = gpu_names()
-    argv = trtllm_build_argv(checkpoint_dir=ckpt_dir, output_dir=out_dir, build_config=build_config,
+    argv = trtllm_build_argv(checkpoint_dir=ckpt_dir, output_dir=out_dir, limits=limits,
                              plugins=plugins, world_size=world_size, gpus_available=max(1, len(gpus)),
-                             timing_cache=timing_cache, executable=executable)
+                             timing_cache=timing_cache, executable=toolchain.executable)
     timing_cache.parent.mkdir(parents=True, exist_ok=True)
     took = run_trtllm_build(argv, out_dir / LOG_NAME, progress=progress)
-    cfg = check_engine_output(out_dir, world_size=world_size, build_config=build_config,
-                              tokens_per_block=build_config.get("tokens_per_block"))
+    cfg = check_engine_output(out_dir, world_size=world_size, limits=limits)
     copy_tokenizer(hf_dir, out_dir / "tokenizer")
-    versions = toolchain_versions()
     return {"argv": argv, "build_s": round(took, 3), "gpus": gpus, "gpu_name": gpus[0] if gpus else None,
-            "tensorrt_llm_version": versions["tensorrt-llm"], "tensorrt_version": versions["tensorrt"],
-            "engine_version": cfg.get("version"), "world_size": world_size,
-            "build_config": {k: cfg["build_config"].get(k) for k in LIMIT_KEYS},
-            "executable": executable, "test_double": bool(os.environ.get(EXECUTABLE_ENV))}
+            "tensorrt_llm_version": toolchain.versions.get("tensorrt-llm"),
+            "tensorrt_version": toolchain.versions.get("tensorrt"), "engine_version": cfg.get("version"),
+            "world_size": world_size, "executable": list(toolchain.executable), **engine_facts(cfg)}

@@ -23,8 +23,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import Problem, SpecError, StageError
-from pipeline.fsutil import atomic_dir, cache_root
+from plugins.errors import Problem, SpecError, StageError
+from plugins.fsutil import atomic_dir, cache_root
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def resolve_source(source: str) -> Path:
     if source.startswith("embedded:"):
         name = source.split(":", 1)[1]
         if name not in EMBEDDED:
-            from pipeline.errors import did_you_mean
+            from plugins.errors import did_you_mean
             raise SpecError([Problem("model.source", source, "unknown embedded model",
                                      f"use one of {['embedded:' + k for k in EMBEDDED]} or a local folder."
                                      f"{did_you_mean(name, EMBEDDED)}", code="model_unknown")])

@@ -3,7 +3,7 @@
 The output folder is the TensorRT-LLM checkpoint format (``config.json`` + one
 ``rank{r}.safetensors`` per rank, rank r = pp_rank * tp_size + tp_rank) written by
 ``modelopt.torch.export.export_tensorrt_llm_checkpoint``. Quantization recipes are data:
-:data:`QUANT_RECIPES` maps our names to ModelOpt configs and TensorRT-LLM ``quant_algo``.
+:data:`plugins.recipes.QUANT_RECIPES` maps our names to ModelOpt configs and TensorRT-LLM ``quant_algo``.
 """
 
 from __future__ import annotations
@@ -16,39 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from pipeline.errors import StageError
+from plugins.errors import StageError
+from plugins.recipes import KV_CACHE_RECIPES, QUANT_RECIPES
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class QuantRecipe:
-    """One quantization recipe.
-
-    Attributes:
-        modelopt_cfg: name of the ModelOpt config in ``modelopt.torch.quantization`` (None: no quantization).
-        quant_algo: TensorRT-LLM ``quantization.quant_algo`` written in the checkpoint (None: unquantized).
-        weight_bits: bits per weight of quantized linear layers (for planning).
-        uses_group_size: whether ``group_size`` applies (INT4 block-wise recipes).
-        needs_calibration_data: whether ModelOpt runs a forward loop.
-    """
-
-    modelopt_cfg: Optional[str]
-    quant_algo: Optional[str]
-    weight_bits: int
-    uses_group_size: bool
-    needs_calibration_data: bool = True
-
-
-QUANT_RECIPES: dict[str, QuantRecipe] = {
-    "none": QuantRecipe(None, None, 16, False, needs_calibration_data=False),
-    "fp8": QuantRecipe("FP8_DEFAULT_CFG", "FP8", 8, False),
-    "int4_awq": QuantRecipe("INT4_AWQ_CFG", "W4A16_AWQ", 4, True),
-    "int4_rtn": QuantRecipe("INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", 4, True),
-    "w4a8_awq": QuantRecipe("W4A8_AWQ_BETA_CFG", "W4A8_AWQ", 4, True),
-    "int8_sq": QuantRecipe("INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", 8, False),
-}
-KV_CACHE_RECIPES: dict[str, str] = {"fp8": "FP8_KV_CFG"}
 
 
 def modelopt_config(quant_algo: str, group_size: int, kv_cache_quant_algo: str | None = None) -> dict | None:
@@ -130,7 +103,7 @@ def quantize_model(model, *, quant_algo: str, group_size: int, kv_cache_quant_al
     import modelopt.torch.quantization as mtq
     import torch
 
-    from pipeline.fsutil import measure
+    from plugins.fsutil import measure
 
     cfg = modelopt_config(quant_algo, group_size, kv_cache_quant_algo)
     device = next(model.parameters()).device

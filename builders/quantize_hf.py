@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from pipeline.errors import StageError
+from builders.spec import LimitsConfig
+from plugins.errors import StageError
 
 
 def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, group_size: int,
@@ -53,7 +54,7 @@ def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, g
             "device": device, "modelopt_version": modelopt.__version__}
 
 
-def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, build_config: dict) -> dict:
+def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, limits: LimitsConfig) -> dict:
     """Hard-link the unified checkpoint into ``out_dir`` and record the limits in ``engine.json``."""
     from builders.model_fetch import copy_tokenizer
 
@@ -66,7 +67,7 @@ def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, build_
             except OSError:
                 shutil.copy2(f, out_dir / f.name)
     copy_tokenizer(hf_dir, out_dir)
-    engine = {"format": "modelopt-unified-hf", "runtime": "trtllm-llmapi", "build_config": build_config,
+    engine = {"format": "modelopt-unified-hf", "runtime": "trtllm-llmapi", "build_config": limits.as_dict(),
               "quantization": json.loads((ckpt_dir / "config.json").read_text()).get("quantization_config")}
     (out_dir / "engine.json").write_text(json.dumps(engine, indent=2) + "\n")
     return engine

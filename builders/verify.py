@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.errors import StageError
+from plugins.errors import StageError
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
     Args:
         ckpt_dir: TensorRT-LLM checkpoint folder.
         hf_dir: the source Hugging Face folder (model and tokenizer).
-        gates: a :class:`pipeline.spec.QualityGate` (thresholds, ``eval_samples``, ``eval_seq_len``).
+        gates: a :class:`builders.spec.QualityGate` (thresholds, ``eval_samples``, ``eval_seq_len``).
         dataset: evaluation corpus (its held-out ``evaluation`` split is used).
         out_json: where to write the report (written before the verdict, so a failure has it too).
 

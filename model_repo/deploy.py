@@ -35,6 +35,9 @@ from pathlib import Path
 import yaml
 
 from builders.engine_trtllm import TRTLLM_VERSION
+from builders.layout import build_dir
+from model_repo.bundle import SCRIPT_NAME
+from plugins.runtimes import Runtime, leader_mode_argv
 
 # TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag: the "Container Name: trtllm-python-py3"
 # table of NVIDIA's Triton compatibility matrix, docs/introduction/compatibility.md of
@@ -63,9 +66,9 @@ def triton_image(trtllm_version: str = TRTLLM_VERSION) -> str:
         f"ships TensorRT-LLM {trtllm_version} (NVIDIA's Triton compatibility matrix)}}")
 
 
-def runtime_image(runtime: str, trtllm_version: str = TRTLLM_VERSION) -> str:
-    """The image a runtime is served from (see the module docstring)."""
-    if runtime == "pytorch":
+def runtime_image(runtime: Runtime, trtllm_version: str = TRTLLM_VERSION) -> str:
+    """The image a runtime is served from (its ``image`` trait; see the module docstring)."""
+    if runtime.image == "project":
         return (f"${{{PYTORCH_IMAGE_VAR}:?set {PYTORCH_IMAGE_VAR} to an image with tritonserver (Python backend) and "
                 "this project's pinned Python packages (transformers 5.24, torch 2.13, numpy<2): the NGC TRT-LLM "
                 "image does not carry them}")
@@ -110,29 +113,27 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
         served_from: ``model_repo`` or ``bundle`` (default: ``bundle`` for the trtllm runtime when
             ``build_folder/bundle`` exists and ``build_folder/model_repo`` does not).
     """
-    from builders.bundle_trtllm import SCRIPT_NAME, serve_argv
-
     if build_folder is None:
-        from pipeline.build import build_dir
-
         build_folder = build_dir(build)
     mount = str(Path(build_folder).resolve())
     s = build.settings
+    rt = build.runtime
+    mpi = rt.launcher == "mpirun"  # one rank per GPU, ranks spread over nodes
     if served_from is None:
         bundle_only = (Path(build_folder) / "bundle").is_dir() and not (Path(build_folder) / "model_repo").is_dir()
-        served_from = "bundle" if s.runtime == "trtllm" and bundle_only else "model_repo"
-    world = s.parallelism.tp_size * s.parallelism.pp_size
+        served_from = "bundle" if rt.builds_trt_engine and bundle_only else "model_repo"
+    world = build.world_size
     gpu = target.kind == "gpu"
-    per_node = min(max(1, int(target.gpus_per_node)), world) if s.runtime == "trtllm" else world
+    per_node = min(max(1, int(target.gpus_per_node)), world) if mpi else world
     nodes = -(-world // per_node)
     sv = s.serving
     env: dict = {}
     reasons = {
-        "image": f"runtime {s.runtime}: " + ("the project's own image (TRTPIPE_IMAGE)" if s.runtime == "pytorch" else
+        "image": f"runtime {s.runtime}: " + ("the project's own image (TRTPIPE_IMAGE)" if rt.image == "project" else
                                              f"NGC Triton container shipping TensorRT-LLM {TRTLLM_VERSION}"),
         "mount": "the build folder's absolute path at build time: config.pbtxt files name folders by it",
-        "gpus_per_node": (f"trtllm: min(target {target.name} gpus_per_node {target.gpus_per_node}, world_size {world})"
-                          if s.runtime == "trtllm" else f"{s.runtime}: one process holds all {world} rank(s)"),
+        "gpus_per_node": (f"{s.runtime}: min(target {target.name} gpus_per_node {target.gpus_per_node}, world_size "
+                          f"{world})" if mpi else f"{s.runtime}: one process holds all {world} rank(s)"),
     }
     if served_from == "bundle":
         # The bundle's script builds the engine inside the container (first start), then serves it.
@@ -140,9 +141,9 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
         env = {"ADDRESS": "0.0.0.0", "HTTP_PORT": str(sv.http_port), "GRPC_PORT": str(sv.grpc_port),
                "METRICS_PORT": str(sv.metrics_port)}
         reasons["command"] = "bundle/build_and_serve.sh: trtllm-build in the container on first start, then serve"
-    elif s.runtime == "trtllm":
+    elif mpi:
         # The container listens on all interfaces: the pod/compose network is the boundary.
-        cmd = serve_argv(world, f"{mount}/model_repo", http_port=sv.http_port, grpc_port=sv.grpc_port,
+        cmd = leader_mode_argv(world, f"{mount}/model_repo", http_port=sv.http_port, grpc_port=sv.grpc_port,
                          metrics_port=sv.metrics_port, address="0.0.0.0")
         reasons["command"] = f"leader-mode mpirun, one tritonserver rank per GPU (world_size {world})"
     else:
@@ -151,7 +152,7 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
                f"--grpc-port={sv.grpc_port}", f"--metrics-port={sv.metrics_port}", "--strict-readiness=true",
                "--exit-on-error=true"]
         reasons["command"] = "one tritonserver process on model_repo/"
-    return DeploymentPlan(build.name, s.runtime, runtime_image(s.runtime), world, per_node, nodes, gpu,
+    return DeploymentPlan(build.name, s.runtime, runtime_image(rt), world, per_node, nodes, gpu,
                           sv.http_port, sv.grpc_port, sv.metrics_port, mount, served_from == "bundle",
                           served_from, cmd, env, reasons)
 

@@ -1,9 +1,9 @@
 """Generate and validate the Triton model repository for a built engine.
 
 Two steps, as data then action: :func:`plan_repository` computes every value each
-``config.pbtxt`` will hold together with where it came from (a spec field, the engine's
-own ``engine.json``/``config.json``, the tokenizer's ``generation_config.json``, or a
-fixed choice with its reason); :func:`write_repository` renders the templates, refuses
+``config.pbtxt`` will hold together with where it came from (a spec field, the build's plan,
+the tokenizer's ``generation_config.json``, or a fixed choice with its reason) and checks the
+spec against the engine's own facts (``engine.json``/``config.json``); :func:`write_repository` renders the templates, refuses
 any unfilled ``${...}``, parses each config with Triton's ``ModelConfig`` proto (from
 tritonclient), checks that every ensemble step maps onto real inputs/outputs, and writes
 the folder atomically.
@@ -24,9 +24,12 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from pipeline.errors import Problem, StageError
-from pipeline.fsutil import atomic_dir
-from pipeline.plan import PORTABLE_RUNTIME_CHOICES, portable_kv_tokens
+from builders.engine_trtllm import TRTLLM_VERSION, engine_facts
+from builders.plan import Plan
+from builders.spec import ENGINE_LIMIT_KEYS
+from plugins.errors import Problem, StageError
+from plugins.fsutil import atomic_dir
+from plugins.runtimes import kv_slots
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -46,6 +49,8 @@ def load_template_module(relpath: str, name: str):
     sys.modules[name] = module
     exec(compile(render_template_py(relpath), str(path), "exec"), module.__dict__)
     return module
+
+
 BOOTSTRAP_MARKER = "# @@BOOTSTRAP@@"
 RUNTIME_CONFIG_MARKER = "# @@RUNTIME_CONFIG@@"
 REQUEST_HELPERS_MARKER = "# @@REQUEST_HELPERS@@"
@@ -136,11 +141,6 @@ class RepositoryPlan:
         return {m.name: {k: {"value": m.values[k], "source": m.sources[k]} for k in m.values} for m in self.models}
 
 
-# The template of the `tensorrt_llm` model per runtime (the other models are shared).
-RUNTIME_TEMPLATES = {"pytorch": "tensorrt_llm_pytorch", "trtllm": "tensorrt_llm_trtllm",
-                     "trtllm-llmapi": "tensorrt_llm_llmapi"}
-
-
 class RepositoryError(StageError):
     """The spec, the built engine and the tokenizer disagree: every problem, each with field/value/rule/fix."""
 
@@ -160,11 +160,7 @@ def _engine_config(engine_dir: Path) -> dict:
     if not (engine_dir / "engine.json").is_file() and (engine_dir / "config.json").is_file():
         cfg = json.loads((engine_dir / "config.json").read_text())
         if "build_config" in cfg:  # a trtllm-build engine: its config.json carries the limits
-            bc = dict(cfg["build_config"])
-            bc.setdefault("tokens_per_block", (bc.get("plugin_config") or {}).get("tokens_per_block"))
-            pre = cfg.get("pretrained_config") or {}
-            return {"build_config": bc, "mapping": pre.get("mapping") or {}, "pretrained_config": pre,
-                    "version": cfg.get("version"), "format": "trtllm-build", "file": "config.json"}
+            return engine_facts(cfg)
     path = engine_dir / "engine.json"
     if not path.is_file():
         raise StageError(f"{engine_dir}: engine.json missing: the engine stage did not complete; rerun the build")
@@ -200,17 +196,15 @@ def _tokenizer_vocab(tokenizer_dir: Path) -> int | None:
         return None
 
 
-def check_against_engine(build, engine: dict, tokenizer_dir: Path, *, engine_built: bool = True) -> list[Problem]:
+def check_against_engine(build, engine: dict | None, tokenizer_dir: Path) -> list[Problem]:
     """Every way the spec, the engine's own config and the tokenizer can disagree (all problems at once).
 
-    ``engine_built`` is False for a GPU-host bundle (the engine's config.json does not exist yet):
-    checks that need the built engine are skipped there and run by the bundle's script instead.
+    ``engine`` is None for a GPU-host bundle (the engine does not exist yet): the checks that need
+    the built engine are skipped there and run by the bundle's script instead.
     """
-    from builders.engine_trtllm import TRTLLM_VERSION
-
     s = build.settings
     sv = s.serving
-    bc = engine["build_config"]
+    bc = (engine or {}).get("build_config") or s.limits.as_dict()
     problems: list[Problem] = []
 
     def bad(field, value, rule, fix, code):
@@ -221,27 +215,24 @@ def check_against_engine(build, engine: dict, tokenizer_dir: Path, *, engine_bui
     if tmbs and tmbs > bc["max_batch_size"]:
         bad("serving.triton_max_batch_size", tmbs, f"exceeds the engine's max_batch_size {bc['max_batch_size']}",
             "lower it or rebuild with a larger limits.max_batch_size", "triton_batch_above_engine")
-    for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+    for key in ENGINE_LIMIT_KEYS:
         want = getattr(s.limits, key, None)
         if want is not None and bc.get(key) is not None and want != bc[key]:
             bad(f"limits.{key}", want, f"the engine was built with {key} = {bc[key]} (preprocessing truncates "
                 "and refuses prompts by the engine's limits)", rebuild, "limits_differ_from_engine")
-    world = s.parallelism.tp_size * s.parallelism.pp_size
-    mapping = engine.get("mapping") or {}
+    world = build.world_size
+    mapping = (engine or {}).get("mapping") or {}
     eng_world = mapping.get("world_size") or (mapping.get("tp_size", 1) * mapping.get("pp_size", 1)
                                                if mapping else None)
-    if engine_built and eng_world is not None and eng_world != world:
+    if eng_world is not None and eng_world != world:
         bad("parallelism", {"tp_size": s.parallelism.tp_size, "pp_size": s.parallelism.pp_size},
             f"world_size tp x pp = {world} but the engine was built for world_size {eng_world}", rebuild,
             "world_size_differs_from_engine")
-    decoupled = sv.decoupled if sv.decoupled is not None else sv.streaming
-    if sv.streaming and not decoupled:
-        bad("serving.decoupled", sv.decoupled, "streaming needs the decoupled transaction policy",
-            "set serving.decoupled: true (or leave it null to follow serving.streaming)", "streaming_not_decoupled")
-    if s.runtime == "pytorch" and not decoupled:
-        bad("serving.decoupled", decoupled, "the pytorch runtime answers through decoupled response senders only",
-            "set serving.streaming: true and leave serving.decoupled null", "pytorch_needs_decoupled")
-    if s.runtime == "trtllm":
+    if build.runtime.decoupled_only and not build.decoupled:
+        bad("serving.decoupled", build.decoupled, f"the {build.runtime.name} runtime answers through decoupled "
+            "response senders only", "set serving.streaming: true and leave serving.decoupled null",
+            "pytorch_needs_decoupled")
+    if build.runtime.builds_trt_engine:
         plugin = bc.get("plugin_config") or {}
         paged_ctx = plugin.get("use_paged_context_fmha")
         for key in ("enable_kv_cache_reuse", "enable_chunked_context"):
@@ -250,8 +241,8 @@ def check_against_engine(build, engine: dict, tokenizer_dir: Path, *, engine_bui
                     "build_config.plugin_config.use_paged_context_fmha is false)",
                     f"set serving.{key}: false, or rebuild (the plugin resolver enables paged context FMHA when "
                     f"serving.{key} is true)", "kv_reuse_without_paged_context_fmha")
-        version = engine.get("version")
-        if engine_built and version and str(version) != TRTLLM_VERSION:
+        version = (engine or {}).get("version")
+        if version and str(version) != TRTLLM_VERSION:
             bad("runtime", "trtllm", f"the engine was built by TensorRT-LLM {version}, the pinned serving version "
                 f"is {TRTLLM_VERSION} (engines only run with the version that built them)",
                 f"rebuild the engine with TensorRT-LLM {TRTLLM_VERSION}", "engine_version_mismatch")
@@ -260,7 +251,7 @@ def check_against_engine(build, engine: dict, tokenizer_dir: Path, *, engine_bui
             "the tokenizer folder", "rebuild so the engine stage copies the tokenizer", "tokenizer_missing")
     else:
         vocab = _tokenizer_vocab(tokenizer_dir)
-        eng_vocab = (engine.get("pretrained_config") or {}).get("vocab_size")
+        eng_vocab = ((engine or {}).get("pretrained_config") or {}).get("vocab_size")
         if vocab is None:
             bad("model.source", str(tokenizer_dir), "the tokenizer does not load offline (local_files_only)",
                 "copy every tokenizer file of the source model into the engine folder", "tokenizer_not_loadable")
@@ -271,41 +262,45 @@ def check_against_engine(build, engine: dict, tokenizer_dir: Path, *, engine_bui
     return problems
 
 
-def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | None = None,
-                    sys_path: list[str] | None = None, build_config: dict | None = None,
-                    kv_pool_tokens: int | None = None) -> RepositoryPlan:
-    """Compute the repository plan for a built engine, after checking it against the spec.
+def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engine: dict | None = None,
+                    engine_built: bool = True, tokenizer_dir: Path | None = None,
+                    sys_path: list[str] | None = None) -> RepositoryPlan:
+    """Compute the repository plan for an engine, after checking the spec against it.
+
+    Every limit comes from the build's one limits object (``build.settings.limits``, the plan's), and the
+    KV pool from the plan; the engine's own facts are only checked against them.
 
     Args:
-        build: :class:`pipeline.spec.ResolvedBuild`.
-        target: :class:`pipeline.targets.TargetProfile`.
-        engine_dir: built engine folder (holds engine.json and, for pytorch, the tokenizer).
+        build: :class:`builders.spec.ResolvedBuild`.
+        target: :class:`plugins.targets.TargetProfile`.
+        plan: the build's plan (builders.plan.Plan); None outside a build (the KV pool is then the
+            CPU rule of plugins.runtimes.kv_slots).
+        engine_dir: the engine folder the repository points at (holds the tokenizer for pytorch/llmapi).
+        engine: the engine's facts as its stage recorded them (engine.json content, or a trtllm-build
+            config.json as builders.engine_trtllm.engine_facts); default: read from ``engine_dir``.
+        engine_built: False for a GPU-host bundle, whose engine does not exist yet (nothing is read).
         tokenizer_dir: tokenizer folder (default: ``engine_dir``).
         sys_path: site-packages folders for the Python models (default: this interpreter's).
-        build_config: the engine's limits when the engine is not built yet (a GPU-host bundle);
-            default: read from the engine folder (engine.json, or a trtllm-build config.json).
-        kv_pool_tokens: the planner's KV pool in tokens (plan.json memory.kv.capacity_tokens); on GPU
-            targets the portable runtime allocates that many KV slots (default: max_batch_size x max_seq_len).
 
     Raises:
         RepositoryError: the spec contradicts the engine or the tokenizer (every problem listed).
         StageError: the engine or tokenizer folder is incomplete.
     """
     s = build.settings
-    # a GPU-host bundle plans before the engine exists; trtllm-build will write the limits to config.json
-    engine = ({"build_config": build_config, "file": "config.json" if s.runtime == "trtllm" else "engine.json"}
-              if build_config is not None else _engine_config(engine_dir))
-    bc = engine["build_config"]
+    lim = s.limits
+    if engine_built and engine is None:
+        engine = _engine_config(engine_dir)
     tokenizer_dir = tokenizer_dir or engine_dir
-    problems = check_against_engine(build, engine, tokenizer_dir, engine_built=build_config is None)
+    problems = check_against_engine(build, engine if engine_built else None, tokenizer_dir)
     if problems:
         raise RepositoryError(problems)
+    kv_pool_tokens = plan.memory.kv.capacity_tokens if plan is not None and target.kind == "gpu" else None
     end_ids, pad_id = _generation_ids(tokenizer_dir)
-    engine_src = f"engine: {engine_dir.name}/{engine.get('file', 'engine.json')} build_config"
-    tmbs = s.serving.triton_max_batch_size or bc["max_batch_size"]
+    limit_src = {k: f"spec: {build.where(f'limits.{k}')}" for k in type(lim).model_fields}
+    tmbs = s.serving.triton_max_batch_size or lim.max_batch_size
     tmbs_src = ("spec: serving.triton_max_batch_size" if s.serving.triton_max_batch_size
-                else f"{engine_src}.max_batch_size")
-    decoupled = s.serving.decoupled if s.serving.decoupled is not None else s.serving.streaming
+                else limit_src["max_batch_size"])
+    decoupled = build.decoupled
     dec_src = "spec: serving.decoupled" if s.serving.decoupled is not None else "spec: serving.streaming"
 
     def common(mp: ModelPlan) -> ModelPlan:
@@ -315,8 +310,8 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
     pre = common(ModelPlan("preprocessing", "preprocessing"))
     pre.set("tokenizer_dir", tokenizer_dir.resolve(), "engine folder: tokenizer copied from the source model")
     pre.set("add_special_tokens", True, "default: the tokenizer adds what its config asks for (BOS for Llama-3)")
-    pre.set("max_input_len", bc["max_input_len"], f"{engine_src}.max_input_len")
-    pre.set("max_seq_len", bc["max_seq_len"], f"{engine_src}.max_seq_len")
+    pre.set("max_input_len", lim.max_input_len, limit_src["max_input_len"])
+    pre.set("max_seq_len", lim.max_seq_len, limit_src["max_seq_len"])
     pre.set("end_id", end_ids[0], f"tokenizer: generation_config.json eos_token_id {end_ids} (the first)")
     pre.set("stop_token_ids", ",".join(str(i) for i in end_ids[1:]),
             f"tokenizer: generation_config.json eos_token_id {end_ids} (the others: sent as one-token stop "
@@ -331,12 +326,11 @@ def plan_repository(build, target, engine_dir: Path, *, tokenizer_dir: Path | No
     post.set("postprocessing_instance_count", s.serving.instance_counts.postprocessing,
              "spec: serving.instance_counts.postprocessing")
 
-    if s.runtime == "trtllm":
-        llm = _plan_trtllm_model(build, target, engine_dir, bc, engine_src, decoupled, dec_src)
-        common(llm)
+    if build.runtime.builds_trt_engine:
+        llm = _plan_trtllm_model(build, target, engine_dir, limit_src, dec_src)
     else:
-        llm = _plan_python_llm_model(build, target, engine_dir, bc, engine_src, decoupled, dec_src, kv_pool_tokens)
-        common(llm)
+        llm = _plan_python_llm_model(build, target, engine_dir, limit_src, dec_src, kv_pool_tokens)
+    common(llm)
 
     ens = common(ModelPlan("ensemble", "ensemble"))
     _set_client_tensors(ens, "ensemble_")
@@ -370,26 +364,25 @@ def _set_client_tensors(mp: ModelPlan, prefix: str) -> None:
         "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
 
 
-def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src: str, decoupled: bool,
-                           dec_src: str, kv_pool_tokens: int | None = None) -> ModelPlan:
+def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec_src: str,
+                           kv_pool_tokens: int | None = None) -> ModelPlan:
     """The Python-backend `tensorrt_llm` model (pytorch and trtllm-llmapi runtimes)."""
     s = build.settings
-    llm = ModelPlan("tensorrt_llm", RUNTIME_TEMPLATES[s.runtime])
-    llm.set("decoupled", decoupled, dec_src)
+    lim = s.limits
+    llm = ModelPlan("tensorrt_llm", build.runtime.template)
+    llm.set("decoupled", build.decoupled, dec_src)
     llm.set("max_queue_delay_microseconds", s.serving.max_queue_delay_microseconds,
             "spec: serving.max_queue_delay_microseconds")
     llm.set("engine_dir", engine_dir.resolve(), "build: engine stage output")
     llm.set("runtime_dtype", target.runtime_dtype, f"target profile {target.name}: runtime_dtype")
     llm.set("device", target.device, f"target profile {target.name}: device")
-    llm.set("engine_max_batch_size", bc["max_batch_size"], f"{engine_src}.max_batch_size")
+    llm.set("engine_max_batch_size", lim.max_batch_size, limit_src["max_batch_size"])
     for key in ("max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width", "tokens_per_block"):
-        llm.set(key, bc[key], f"{engine_src}.{key}")
-    llm.set("max_tokens_in_paged_kv_cache", *portable_kv_tokens(
-        bc["max_batch_size"], bc["max_seq_len"], s.serving.max_tokens_in_paged_kv_cache,
-        kv_pool_tokens if target.kind == "gpu" else None))
-    if s.runtime == "pytorch":
-        for name, value, reason in PORTABLE_RUNTIME_CHOICES:
-            llm.set(name, value, f"plan: runtime_settings.{name}: {reason}")
+        llm.set(key, getattr(lim, key), limit_src[key])
+    llm.set("max_tokens_in_paged_kv_cache", *kv_slots(lim.max_batch_size, lim.max_seq_len,
+                                                      s.serving.max_tokens_in_paged_kv_cache, kv_pool_tokens))
+    for name, value, reason in build.runtime.settings:
+        llm.set(name, value, f"plan: runtime_settings.{name}: {reason}")
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")
@@ -405,14 +398,13 @@ def _plan_python_llm_model(build, target, engine_dir: Path, bc: dict, engine_src
     return llm
 
 
-def _plan_trtllm_model(build, target, engine_dir: Path, bc: dict, engine_src: str, decoupled: bool,
-                       dec_src: str) -> ModelPlan:
+def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src: str) -> ModelPlan:
     """The C++ `tensorrtllm`-backend model over a trtllm-build engine: every parameter explicit."""
     s = build.settings
-    sv = s.serving
-    world = s.parallelism.tp_size * s.parallelism.pp_size
-    llm = ModelPlan("tensorrt_llm", RUNTIME_TEMPLATES["trtllm"])
-    llm.set("decoupled", decoupled, dec_src)
+    sv, lim = s.serving, s.limits
+    world = build.world_size
+    llm = ModelPlan("tensorrt_llm", build.runtime.template)
+    llm.set("decoupled", build.decoupled, dec_src)
     llm.set("max_queue_delay_microseconds", sv.max_queue_delay_microseconds,
             "spec: serving.max_queue_delay_microseconds")
     llm.set("max_queue_size", sv.max_queue_size, "spec: serving.max_queue_size")
@@ -421,16 +413,13 @@ def _plan_trtllm_model(build, target, engine_dir: Path, bc: dict, engine_src: st
     for key in ("batch_scheduler_policy", "kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse",
                 "enable_chunked_context"):
         llm.set(key, getattr(sv, key), f"spec: serving.{key}")
-    kv = sv.max_tokens_in_paged_kv_cache
-    llm.set("max_tokens_in_paged_kv_cache", kv if kv else bc["max_batch_size"] * bc["max_seq_len"],
-            "spec: serving.max_tokens_in_paged_kv_cache" if kv else
-            "plan: max_batch_size x max_seq_len (every slot can hold a full sequence; the memory fraction "
-            "still caps it)")
+    tokens, kv_src = kv_slots(lim.max_batch_size, lim.max_seq_len, sv.max_tokens_in_paged_kv_cache)
+    llm.set("max_tokens_in_paged_kv_cache", tokens, f"{kv_src}; the memory fraction still caps it")
     llm.set("exclude_input_in_output", False, EXCLUDE_INPUT_REASON)
-    beams = bc["max_beam_width"]
+    beams = lim.max_beam_width
     llm.set("decoding_mode", "beam_search" if beams > 1 else "top_k_top_p",
-            f"{engine_src}.max_beam_width = {beams}")
-    llm.set("max_beam_width", beams, f"{engine_src}.max_beam_width")
+            f"{limit_src['max_beam_width']} = {beams}")
+    llm.set("max_beam_width", beams, limit_src["max_beam_width"])
     gpn = s.parallelism.gpus_per_node or target.gpus_per_node
     local = min(world, gpn)
     llm.set("gpu_device_ids", ",".join(str(i) for i in range(local)),

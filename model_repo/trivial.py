@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from model_repo.generate import PERF_OUTPUTS, ModelPlan, default_sys_path, parse_config, render_config, render_model_py
-from pipeline.fsutil import atomic_dir
+from plugins.fsutil import atomic_dir
 
 TEMPLATE = "trivial_stream"
 

@@ -1,17 +1,99 @@
-"""The build cache: list and clean stage folders under ``build/``.
+"""The stage cache: run a stage unless its key matches, and list or clean stage folders.
 
-A stage folder is ``<root>/<build>/<target>/<stage>/`` with a ``stage.json`` naming its key.
-Temporary folders (``.<stage>.tmp-*``, ``.<stage>.old-*``) are what a killed build left
+A stage folder is ``<root>/<build>/<target>/<stage>/`` with a ``stage.json`` naming its key, a
+hash of exactly the inputs that decide its output. The folder is written under a temporary name
+and renamed when complete (plugins.fsutil.atomic_dir), so a folder that exists is a finished
+stage. Temporary folders (``.<stage>.tmp-*``, ``.<stage>.old-*``) are what a killed build left
 behind: never read, always safe to delete.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import platform
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+from plugins.fsutil import atomic_dir, measure, write_json
+
+log = logging.getLogger("trtpipe.cache")
+
+
+def stage_key(**parts) -> str:
+    """SHA-256 (first 16 hex digits) of the JSON of ``parts`` with sorted keys."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries whose behaviour shapes the artifacts."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "nvidia-modelopt", "safetensors", "tritonclient", "tensorrt-llm"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@dataclass
+class StageResult:
+    """A finished stage: its folder, key, whether it was reused, and the facts it recorded."""
+
+    name: str
+    path: Path
+    key: str
+    cached: bool
+    timing: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+    def record(self) -> dict:
+        """The manifest.json entry."""
+        return {"path": str(self.path), "key": self.key, "cached": self.cached, "timing": self.timing,
+                "info": self.info}
+
+
+def run_stage(name: str, out: Path, key: str, produce: Callable[[Path], dict], *, force: bool = False) -> StageResult:
+    """Run ``produce(tmp_dir)`` unless ``out/stage.json`` already has ``key``.
+
+    ``produce`` fills the temporary folder and returns a dict of facts for the manifest.
+    """
+    marker = out / "stage.json"
+    remove_stale_temps(out)
+    if not force and marker.is_file():
+        prev = json.loads(marker.read_text())
+        if prev.get("key") == key:
+            log.info("%-10s up to date (key %s), reusing %s", name, key, out)
+            return StageResult(name, out, key, True, prev.get("timing", {}), prev.get("info", {}))
+    log.info("%-10s running -> %s", name, out)
+    with measure(name) as timing, atomic_dir(out) as tmp:
+        info = produce(tmp) or {}
+        (tmp / "stage.json").write_text(json.dumps({"stage": name, "key": key, "info": info}, default=str))
+    record = {"stage": name, "key": key, "timing": timing.as_dict(), "info": info}
+    write_json(marker, record)
+    log.info("%-10s done in %.1f s (peak RSS %.0f MiB)", name, timing.wall_s, timing.peak_rss_bytes / 2**20)
+    return StageResult(name, out, key, False, timing.as_dict(), info)
+
+
+def remove_stale_temps(out: Path) -> None:
+    """Delete ``.<stage>.tmp-*`` / ``.<stage>.old-*`` siblings left by a build that was killed mid-stage.
+
+    They are never read (a stage folder without ``stage.json`` is never reused either); this only
+    frees their space. Builds of one output folder are serialised by fsutil.build_lock, so no running
+    build owns them.
+    """
+    if not out.parent.is_dir():
+        return
+    for stale in list(out.parent.glob(f".{out.name}.tmp-*")) + list(out.parent.glob(f".{out.name}.old-*")):
+        log.info("%-10s removing %s left by an interrupted build", out.name, stale.name)
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 @dataclass(frozen=True)

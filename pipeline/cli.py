@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.errors import PipelineError, SpecError
+from builders.layout import build_dir, build_root, resolve_build
+from plugins.errors import PipelineError, SpecError
 
 log = logging.getLogger("trtpipe")
 DEFAULT_BUILD = "configs/builds/smollm2-135m.yaml"
@@ -43,25 +44,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
-def _resolve(args):
-    from pipeline.spec import load_spec, overrides_from_flags
-
-    return load_spec(args.build, args.target, overrides_from_flags(args.quant))
-
-
-def _build_path(args, build) -> Path:
-    from pipeline.build import build_dir
-
-    return build_dir(build, args.out, args.quant)
-
-
 def cmd_build(args) -> int:
     from pipeline.build import run_build
 
-    build = _resolve(args)
+    build = resolve_build(args.build, args.target, args.quant)
     manifest = run_build(build, out_root=args.out, variant=args.quant, force=args.force,
                          progress=not args.no_progress)
-    out = _build_path(args, build)
+    out = build_dir(build, args.out, args.quant)
     print(f"\nbuild {build.name} for {build.target} ({manifest['runtime']} runtime) -> {out}")
     print(f"{'stage':<12}{'wall s':>9}{'peak RSS MiB':>14}  status")
     for name, st in manifest["stages"].items():
@@ -83,11 +72,11 @@ def cmd_build(args) -> int:
 def cmd_deploy(args) -> int:
     from pipeline.build import deploy_build
 
-    build = _resolve(args)
-    out = _build_path(args, build)
+    build = resolve_build(args.build, args.target, args.quant)
+    out = build_dir(build, args.out, args.quant)
     if args.print:
         from model_repo.deploy import plan_deployment, render_deployment
-        from pipeline.targets import get_target
+        from plugins.targets import get_target
 
         if not any((out / name).is_dir() for name in ("model_repo", "bundle")):
             raise PipelineError(f"{out} is not built yet: run `trtpipe build {args.build} --target {build.target}` "
@@ -111,10 +100,10 @@ def cmd_verify(args) -> int:
     from builders.verify import format_table
     from pipeline.build import run_build
 
-    build = _resolve(args)
+    build = resolve_build(args.build, args.target, args.quant)
     manifest = run_build(build, out_root=args.out, variant=args.quant, force=args.force,
                          progress=not args.no_progress, stop_after="verify")
-    out = _build_path(args, build)
+    out = build_dir(build, args.out, args.quant)
     report = json.loads((out / "verify" / "verify.json").read_text())
     q = build.settings.quantization
     print(f"\nverify {build.name} for {build.target}: {q.quant_algo} (kv cache {q.kv_cache_quant_algo or 'model dtype'}),"
@@ -126,12 +115,12 @@ def cmd_verify(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from pipeline import preflight
-    from pipeline.plan import make_plan, read_hf_config
+    from builders import preflight
+    from builders.plan import read_hf_config
     from pipeline.plan_view import render_plan
-    from pipeline.targets import get_target
+    from plugins.targets import get_target
 
-    build = _resolve(args)
+    build = resolve_build(args.build, args.target, args.quant)
     target = get_target(build.target)
     preflight.check(build, target)  # spec-only rules first: no model fetch on a bad spec
     if args.hf_config:
@@ -140,19 +129,20 @@ def cmd_plan(args) -> int:
         from builders.model_fetch import resolve_source
 
         hf_config = read_hf_config(resolve_source(build.model.source))
-    plan = make_plan(build, target, hf_config, isl=args.isl, osl=args.osl)
-    out = args.output or (_build_path(args, build) / "plan.json")
+    plan = preflight.make_plan(build, target, hf_config, isl=args.isl, osl=args.osl)
+    out = args.output or (build_dir(build, args.out, args.quant) / "plan.json")
     plan.write(out)
     render_plan(plan)
     print(f"plan: {out}")
     return 0
 
 
-def _server_config(args, build):
+def server_config(args, build):
+    """The ServerConfig for ``serve``: the build's repository (or ``--model-repo``), its ports and launcher."""
     from model_repo.generate import default_sys_path
     from pipeline.serve import ServerConfig
 
-    out = _build_path(args, build)
+    out = build_dir(build, args.out, args.quant)
     sv = build.settings.serving
     repo = Path(args.model_repo) if getattr(args, "model_repo", None) else out / "model_repo"
     if not (repo / "tensorrt_llm" / "config.pbtxt").is_file():
@@ -162,16 +152,15 @@ def _server_config(args, build):
     return ServerConfig(model_repository=repo, http_port=args.http_port or sv.http_port,
                         grpc_port=args.grpc_port or sv.grpc_port, metrics_port=args.metrics_port or sv.metrics_port,
                         address=args.address, log_file=repo.parent / "tritonserver.log", ready_timeout_s=args.timeout,
-                        python_path=default_sys_path(), runtime=build.settings.runtime,
-                        world_size=build.settings.parallelism.tp_size * build.settings.parallelism.pp_size)
+                        python_path=default_sys_path(), launcher=build.runtime.launcher, world_size=build.world_size)
 
 
 def cmd_serve(args) -> int:
     from pipeline.serve import TritonServer, running_from_state, write_state
 
-    build = _resolve(args)
-    cfg = _server_config(args, build)
-    state = _build_path(args, build) / "server.json"
+    build = resolve_build(args.build, args.target, args.quant)
+    cfg = server_config(args, build)
+    state = build_dir(build, args.out, args.quant) / "server.json"
     running = running_from_state(state)
     if running:  # rerunning `make build-engine && make serve && make query` must not fail on busy ports
         print(f"already serving (pid {running['pid']}, gRPC {running.get('grpc')}, log {running.get('log')}): "
@@ -201,8 +190,8 @@ def cmd_serve(args) -> int:
 def cmd_stop(args) -> int:
     from pipeline.serve import stop_from_state
 
-    build = _resolve(args)
-    state = _build_path(args, build) / "server.json"
+    build = resolve_build(args.build, args.target, args.quant)
+    state = build_dir(build, args.out, args.quant) / "server.json"
     result = stop_from_state(state)
     if result is None:
         print(f"no running server recorded in {state}")
@@ -222,8 +211,8 @@ def cmd_stop(args) -> int:
 def cmd_query(args) -> int:
     from pipeline.client import format_chat, stream_generate
 
-    build = _resolve(args)
-    out = _build_path(args, build)
+    build = resolve_build(args.build, args.target, args.quant)
+    out = build_dir(build, args.out, args.quant)
     url = args.url or f"127.0.0.1:{build.settings.serving.grpc_port}"
     if not args.raw and not (out / "engine" / "engine.json").is_file():
         raise PipelineError(f"{out / 'engine'} is not built yet: run `make build-engine` (or `trtpipe build`) first, "
@@ -245,7 +234,7 @@ def cmd_query(args) -> int:
 
 
 def cmd_schema(args) -> int:
-    from pipeline.spec import json_schema
+    from builders.spec import json_schema
 
     text = json.dumps(json_schema(), indent=2) + "\n"
     if args.output:
@@ -265,9 +254,8 @@ def cmd_fetch(args) -> int:
 
 def cmd_cache(args) -> int:
     from pipeline import cache
-    from pipeline.build import BUILD_ROOT
 
-    root = args.out or BUILD_ROOT
+    root = args.out or build_root()
     if args.cache_command == "list":
         rows = cache.entries(root)
         if not rows:

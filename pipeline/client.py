@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeline.errors import PipelineError
+from plugins.errors import PipelineError
 
 
 class RequestFailed(PipelineError):

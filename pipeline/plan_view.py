@@ -1,4 +1,4 @@
-"""Render a :class:`~pipeline.plan.Plan` as readable tables (rich) for ``trtpipe plan``."""
+"""Render a :class:`~builders.plan.Plan` as readable tables (rich) for ``trtpipe plan``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from pipeline.plan import Plan, human_bytes
+from builders.plan import Plan, human_bytes
 
 
 def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
@@ -28,7 +28,7 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
     head.add_row("quantization", f"{plan.quant_algo} ({plan.trtllm_quant_algo or 'unquantized'}), KV cache "
                                  f"{plan.kv_cache_quant_algo or plan.dtype}, dtype {plan.dtype}")
     head.add_row("parallelism", f"tp_size {plan.tp_size} x pp_size {plan.pp_size} = world_size {plan.world_size}")
-    head.add_row("limits", ", ".join(f"{k} {v}" for k, v in plan.limits.items()))
+    head.add_row("limits", ", ".join(f"{k} {v}" for k, v in plan.limits.as_dict().items()))
     con.print(head)
 
     mem = Table(title="memory per rank (heaviest pipeline stage)", title_justify="left")
@@ -41,7 +41,7 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
     mem.add_row("weights", f"{m.weights_bytes_per_rank:,}", human_bytes(m.weights_bytes_per_rank),
                 "per PP rank: " + ", ".join(human_bytes(b) for b in m.weights_bytes_by_pp_rank))
     mem.add_row("activations", f"{m.activation_bytes:,}", human_bytes(m.activation_bytes),
-                f"estimate from max_num_tokens {plan.limits['max_num_tokens']}")
+                f"estimate from max_num_tokens {plan.limits.max_num_tokens}")
     mem.add_row("runtime reserve", f"{m.reserve_bytes:,}", human_bytes(m.reserve_bytes), "CUDA context, workspaces")
     mem.add_row("KV pool", f"{kv.pool_bytes:,}", human_bytes(kv.pool_bytes), kv.pool_source)
     mem.add_row("total", f"{m.total_bytes:,}", human_bytes(m.total_bytes),
@@ -58,7 +58,7 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                                          f"({kv.blocks_per_max_seq} blocks each)")
     kvt.add_row(f"ISL {kv.workload_isl} + OSL {kv.workload_osl}",
                 f"{kv.workload_sequences:,} sequences fit; {kv.workload_concurrency} in flight "
-                f"(max_batch_size {plan.limits['max_batch_size']})")
+                f"(max_batch_size {plan.limits.max_batch_size})")
     con.print(kvt)
 
     pt = Table(title="trtllm-build plugins" + ("" if plan.plugins_apply else

@@ -22,12 +22,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import PipelineError
-from pipeline.fsutil import REPO_ROOT
+from plugins.errors import PipelineError
+from plugins.fsutil import project_root
+from plugins.runtimes import leader_mode_argv
 
 log = logging.getLogger("trtpipe")
 
-TRITON_HOME = Path(os.environ.get("TRTPIPE_TRITON_HOME", REPO_ROOT / ".triton" / "pytriton" / "tritonserver"))
+TRITON_HOME = Path(os.environ.get("TRTPIPE_TRITON_HOME") or project_root() / ".triton" / "pytriton" / "tritonserver")
 
 # Log patterns -> what to do about them.
 KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
@@ -85,8 +86,9 @@ class ServerConfig:
     extra_args: list[str] = field(default_factory=list)
     python_path: list[str] = field(default_factory=list)
     world_size: int = 1
-    """MPI ranks (tp x pp) for the trtllm runtime: leader-mode mpirun, one tritonserver per GPU."""
-    runtime: str = "pytorch"
+    """Ranks (tp x pp); under the mpirun launcher one tritonserver per GPU."""
+    launcher: str = "tritonserver"
+    """The runtime's launcher (plugins.runtimes.Runtime.launcher): ``tritonserver`` or ``mpirun`` (leader mode)."""
 
     @property
     def http_url(self) -> str:
@@ -171,7 +173,7 @@ def visible_gpus() -> int | None:
 
 def check_gpus(cfg: ServerConfig) -> None:
     """Refuse to start a multi-GPU or trtllm launch when fewer GPUs are visible than ranks."""
-    if cfg.runtime != "trtllm" and cfg.world_size <= 1:
+    if cfg.launcher != "mpirun" and cfg.world_size <= 1:
         return
     n = visible_gpus()
     if n is None or n < cfg.world_size:
@@ -182,13 +184,11 @@ def check_gpus(cfg: ServerConfig) -> None:
 
 
 def command(cfg: ServerConfig) -> list[str]:
-    """The tritonserver command line for ``cfg``: one process, or for the trtllm runtime the leader-mode
+    """The tritonserver command line for ``cfg``: one process, or under the mpirun launcher the leader-mode
     mpirun (the same function the GPU-host bundle's script uses)."""
     home = tritonserver_binary().parent.parent
-    if cfg.runtime == "trtllm":
-        from builders.bundle_trtllm import serve_argv
-
-        return serve_argv(cfg.world_size, str(cfg.model_repository), http_port=cfg.http_port,
+    if cfg.launcher == "mpirun":
+        return leader_mode_argv(cfg.world_size, str(cfg.model_repository), http_port=cfg.http_port,
                           grpc_port=cfg.grpc_port, metrics_port=cfg.metrics_port, address=cfg.address,
                           tritonserver=str(tritonserver_binary()))
     return [str(tritonserver_binary()),

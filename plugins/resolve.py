@@ -11,10 +11,11 @@ of TensorRT-LLM 1.2; the facts relied on are recorded in tests/facts/trtllm_1_2_
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
-from builders.quantize import QUANT_RECIPES
-from pipeline.errors import Problem, SpecError
+from plugins.architectures import Architecture
+from plugins.errors import Problem, SpecError
+from plugins.recipes import QuantRecipe
 
 # SM ranges (compute capability x 10), TensorRT-LLM 1.x (facts with their commits:
 # tests/facts/trtllm_1_2_1/trtllm_build.json):
@@ -28,14 +29,13 @@ SM_FP8_CONTEXT_FMHA = (89, 90, 100, 103, 120, 121)
 """SMs whose FP8 context FMHA kernels exist: AttentionOp::initialize refuses mFP8ContextFMHA on any other
 (cpp/tensorrt_llm/common/attentionOp.cpp @ eea41b73, the 1.x line; builder.py only checks SM >= 89)."""
 SM_INT4_WO_REFUSED = range(100, 120)  # Blackwell: INT4/INT8 weight-only and SmoothQuant engines refused
-FP8_CONTEXT_FMHA_ALGOS = ("FP8", "W4A8_AWQ")  # of our recipes; NVFP4 too upstream
 
 
-def fp8_context_fmha_refusal(quant_algo: Optional[str], sm: Optional[int]) -> Optional[str]:
-    """Why FP8 context FMHA cannot run for TensorRT-LLM ``quant_algo`` on ``sm`` (None: it can; ``sm`` None
-    means a CPU plan, where only the quantization is judged)."""
-    if quant_algo not in FP8_CONTEXT_FMHA_ALGOS:
-        return (f"{quant_algo or 'unquantized'} weights: trtllm-build runs FP8 context FMHA only for FP8 and "
+def fp8_context_fmha_refusal(quant: QuantRecipe, sm: Optional[int]) -> Optional[str]:
+    """Why FP8 context FMHA cannot run for ``quant`` on ``sm`` (None: it can; ``sm`` None means a CPU plan,
+    where only the quantization is judged)."""
+    if not quant.fp8_compute:
+        return (f"{quant.quant_algo or 'unquantized'} weights: trtllm-build runs FP8 context FMHA only for FP8 and "
                 "W4A8_AWQ checkpoints (builder.py switches it off for the rest)")
     if sm is not None and sm not in SM_FP8_CONTEXT_FMHA:
         return (f"FP8 context FMHA kernels exist for SM {', '.join(map(str, SM_FP8_CONTEXT_FMHA))} "
@@ -43,16 +43,48 @@ def fp8_context_fmha_refusal(quant_algo: Optional[str], sm: Optional[int]) -> Op
     return None
 
 
-def fp8_context_fmha_problem(quant_algo: Optional[str], sm: Optional[int],
-                             field: str = "quantization.use_fp8_context_fmha") -> Optional[Problem]:
-    """The problem with ``use_fp8_context_fmha: true`` for ``quant_algo`` on ``sm`` (None when it can run);
-    ``field`` is the spec field to name (``targets.<t>.quantization...`` for an override)."""
-    refusal = fp8_context_fmha_refusal(quant_algo, sm)
-    if refusal is None:
-        return None
-    return Problem(field, True, refusal, "remove quantization.use_fp8_context_fmha (null lets the resolver "
-                   "decide) or set it to false", code="fp8_context_fmha_needs_fp8"
-                   if quant_algo not in FP8_CONTEXT_FMHA_ALGOS else "fp8_context_fmha_sm")
+def hardware_problems(quant: QuantRecipe, kv_cache_quant_algo: Optional[str], sm: Optional[int], *,
+                      use_fp8_context_fmha: Optional[bool] = None, trtllm_build: bool = True,
+                      where: Callable[[str], str] = str) -> list[Problem]:
+    """The SM gates, each rule once, for the rules (builders.preflight) and the resolver.
+
+    Args:
+        quant: the recipe.
+        kv_cache_quant_algo: ``fp8`` or None.
+        sm: compute capability x 10 (None: a CPU plan, only the quantization is judged).
+        use_fp8_context_fmha: the spec's choice; True is checked against the kernels that exist.
+        trtllm_build: the engine is built by trtllm-build (its SM 100-119 refusal applies).
+        where: maps a dotted spec field to the YAML field that set it (``targets.<t>.`` for an override).
+
+    Returns:
+        Problems with codes ``fp8_sm``, ``fp8_kv_sm``, ``int4_sm100``, ``fp8_context_fmha_needs_fp8`` and
+        ``fp8_context_fmha_sm``.
+    """
+    problems: list[Problem] = []
+    if use_fp8_context_fmha and (refusal := fp8_context_fmha_refusal(quant, sm)) is not None:
+        problems.append(Problem(where("quantization.use_fp8_context_fmha"), True, refusal,
+                                "remove quantization.use_fp8_context_fmha (null lets the resolver decide) or set it "
+                                "to false", code="fp8_context_fmha_sm" if quant.fp8_compute
+                                else "fp8_context_fmha_needs_fp8"))
+    if sm is None:
+        return problems
+    if quant.fp8_compute and sm < SM_FP8_MIN:
+        problems.append(Problem(where("quantization.quant_algo"), quant.name,
+                                f"{quant.quant_algo} needs FP8 tensor cores (SM >= {SM_FP8_MIN}); the target is SM {sm}",
+                                "use int4_awq or int8_sq, or an Ada/Hopper/Blackwell target (l4, l40s, h100, h200, "
+                                "b200)", code="fp8_sm"))
+    if kv_cache_quant_algo == "fp8" and sm < SM_FP8_MIN:
+        problems.append(Problem(where("quantization.kv_cache_quant_algo"), "fp8",
+                                f"an FP8 KV cache needs SM >= {SM_FP8_MIN}; the target is SM {sm}",
+                                "set quantization.kv_cache_quant_algo: null, or pick an SM >= 89 target",
+                                code="fp8_kv_sm"))
+    if trtllm_build and quant.int_weight_gemm and sm in SM_INT4_WO_REFUSED:
+        problems.append(Problem(where("quantization.quant_algo"), quant.name,
+                                f"trtllm-build 1.2 refuses INT4/INT8 weight-only and SmoothQuant engines "
+                                f"({quant.quant_algo}) on SM 100-119 (\"not supported on SM>=100\"); the target is "
+                                f"SM {sm}", "use quant_algo fp8 (or w4a8_awq) on Blackwell, or runtime trtllm-llmapi",
+                                code="int4_sm100"))
+    return problems
 
 
 @dataclass(frozen=True)
@@ -75,8 +107,8 @@ class PluginDecision:
         return [] if self.implicit else [f"--{self.flag}", self.value]
 
 
-def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtype: str, sm: Optional[int],
-                    tp_size: int, pp_size: int, architecture: str, tokens_per_block: int,
+def resolve_plugins(*, quant: QuantRecipe, kv_cache_quant_algo: Optional[str], dtype: str, sm: Optional[int],
+                    tp_size: int, world_size: int, architecture: Optional[Architecture], tokens_per_block: int,
                     enable_kv_cache_reuse: bool, enable_chunked_context: bool,
                     use_fp8_context_fmha: Optional[bool] = None, multiple_profiles: bool = True,
                     strict: bool = True) -> list[PluginDecision]:
@@ -84,12 +116,12 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
     the trtllm-build command line.
 
     Args:
-        quant_algo: our recipe key (``none``, ``fp8``, ``int4_awq``, ...).
+        quant: the quantization recipe (plugins.recipes).
         kv_cache_quant_algo: ``fp8`` or None.
         dtype: ``float16``/``bfloat16``.
         sm: compute capability x 10 of the target (None for CPU: the list is what a GPU build would use).
-        tp_size, pp_size: parallelism.
-        architecture: checkpoint architecture (``LlamaForCausalLM``...).
+        tp_size, world_size: tensor parallelism and tp x pp.
+        architecture: the model family (plugins.architectures; None: architecture-specific fusions left out).
         tokens_per_block: paged KV block size.
         enable_kv_cache_reuse, enable_chunked_context: serving options that need paged context FMHA.
         use_fp8_context_fmha: the spec's ``quantization.use_fp8_context_fmha`` (None: decided here). Because
@@ -97,7 +129,7 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
             choice against the KV cache turns paged context FMHA off (or is refused when serving needs it).
         multiple_profiles: build several TensorRT optimisation profiles (faster at varied batch shapes).
         strict: raise SpecError for what trtllm-build 1.2 refuses or silently undoes on this GPU; False
-            resolves anyway (the planner shows the table; :mod:`pipeline.preflight` reports the refusals).
+            resolves anyway (the planner shows the table; :mod:`builders.preflight` reports the refusals).
 
     Returns:
         decisions in command-line order.
@@ -106,13 +138,13 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
         SpecError: the quantization cannot be built on this GPU, or the serving options need a
             feature trtllm-build would silently switch off.
     """
-    recipe = QUANT_RECIPES[quant_algo]
-    qa = recipe.quant_algo
-    if strict:
-        _check_hardware(qa, kv_cache_quant_algo, sm, use_fp8_context_fmha)
-    fp8_model = qa == "FP8"
+    qa = quant.quant_algo
+    if strict and (problems := hardware_problems(quant, kv_cache_quant_algo, sm,
+                                                 use_fp8_context_fmha=use_fp8_context_fmha)):
+        raise SpecError(problems)
+    fp8_model = quant.fp8_compute and quant.weight_bits == 8  # FP8 weights (not W4A8's INT4 weights)
     kv_fp8 = kv_cache_quant_algo == "fp8"
-    world = tp_size * pp_size
+    world = world_size
     out: list[PluginDecision] = []
     if fp8_model:
         out.append(PluginDecision("gemm_plugin", "disable", "FP8 models use TensorRT's FP8 GEMMs in the strongly "
@@ -128,7 +160,7 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
                               "needed for in-flight batching"))
     out.append(PluginDecision("tokens_per_block", str(tokens_per_block), "spec: limits.tokens_per_block"))
 
-    refusal = fp8_context_fmha_refusal(qa, sm)
+    refusal = fp8_context_fmha_refusal(quant, sm)
     fp8_ctx_possible = refusal is None and sm is not None
     wants_paged_ctx = enable_kv_cache_reuse or enable_chunked_context
     why = " and ".join(n for n, on in (("KV-cache reuse", enable_kv_cache_reuse),
@@ -185,17 +217,17 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
     if world > 1:
         out.append(PluginDecision("nccl_plugin", dtype, f"world_size {world} > 1: NCCL collectives "
                                   "(trtllm-build sets it to the model dtype itself)", implicit=True))
-    if architecture in ("LlamaForCausalLM", "MistralForCausalLM") and tp_size > 1:
-        out.append(PluginDecision("reduce_fusion", "enable", f"Llama-family with tp_size {tp_size}: fuse "
+    if architecture is not None and architecture.reduce_fusion and tp_size > 1:
+        out.append(PluginDecision("reduce_fusion", "enable", f"{architecture.name} with tp_size {tp_size}: fuse "
                                   "all-reduce with the following residual add and RMSNorm"))
-    if qa in ("W4A16_AWQ", "W4A16", "W4A16_GPTQ", "W4A8_AWQ"):
+    if quant.uses_group_size:
         out.append(PluginDecision("weight_only_groupwise_quant_matmul_plugin", dtype, f"{qa}: group-wise INT4 "
                                   "weight GEMM (applied by trtllm-build from the checkpoint's quant_algo)",
                                   implicit=True))
-    if qa == "W8A8_SQ_PER_CHANNEL":
+    if quant.per_channel_scales:
         out.append(PluginDecision("smooth_quant_gemm_plugin", dtype, "SmoothQuant: INT8 GEMM and RMSNorm "
                                   "quantization plugins (applied by trtllm-build from the checkpoint)", implicit=True))
-    out.append(PluginDecision("use_fused_mlp", "enable" if qa in (None, "FP8") else "disable",
+    out.append(PluginDecision("use_fused_mlp", "enable" if quant.fused_mlp else "disable",
                               "gate+up GEMM fusion: trtllm-build keeps it for unquantized/FP8 models and turns it "
                               "off for other quantizations", implicit=True))
     out.append(PluginDecision("strongly_typed", "enable", "trtllm-build 1.2 always builds strongly typed "
@@ -206,23 +238,5 @@ def resolve_plugins(*, quant_algo: str, kv_cache_quant_algo: Optional[str], dtyp
     return out
 
 
-def _check_hardware(qa: Optional[str], kv_cache_quant_algo: Optional[str], sm: Optional[int],
-                    use_fp8_context_fmha: Optional[bool] = None) -> None:
-    """Refuse what trtllm-build 1.2 refuses on this GPU, before any GPU time is spent."""
-    problems = []
-    if use_fp8_context_fmha and (problem := fp8_context_fmha_problem(qa, sm)) is not None:
-        problems.append(problem)
-    if sm is None:
-        if problems:
-            raise SpecError(problems)
-        return
-    if (qa in ("FP8", "W4A8_AWQ") or kv_cache_quant_algo == "fp8") and sm < SM_FP8_MIN:
-        problems.append(Problem("quantization.quant_algo", qa, f"FP8 needs SM >= {SM_FP8_MIN} (target SM {sm})",
-                                "use int4_awq or none on this GPU, or an Ada/Hopper/Blackwell target",
-                                code="fp8_sm"))
-    if sm in SM_INT4_WO_REFUSED and qa in ("W4A16_AWQ", "W4A16", "W4A16_GPTQ", "W8A16", "W8A8_SQ_PER_CHANNEL"):
-        problems.append(Problem("quantization.quant_algo", qa, f"trtllm-build 1.2 refuses INT4/INT8 weight-only "
-                                f"and SmoothQuant engines on SM {sm} (\"not supported on SM>=100\")",
-                                "use fp8 on this GPU", code="int_wo_blackwell"))
-    if problems:
-        raise SpecError(problems)
+HARDWARE_CODES = frozenset({"fp8_sm", "fp8_kv_sm", "int4_sm100", "fp8_context_fmha_needs_fp8", "fp8_context_fmha_sm"})
+"""The codes :func:`hardware_problems` reports (the rules report them with the spec field that set them)."""

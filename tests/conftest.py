@@ -10,11 +10,29 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.fsutil import REPO_ROOT
+import json
 
-DEFAULT_BUILD = REPO_ROOT / "configs" / "builds" / "smollm2-135m.yaml"
-REPO = REPO_ROOT
+REPO = Path(__file__).resolve().parents[1]
+"""The checkout the tests run from."""
+REPO_ROOT = REPO
+DEFAULT_BUILD = REPO / "configs" / "builds" / "smollm2-135m.yaml"
 DOUBLE = REPO / "tests" / "doubles" / "trtllm_build.py"
+ASSETS = REPO / "tests" / "assets"
+
+
+def hf_config(name: str) -> dict:
+    """The config.json of tests/assets/<name>/ as a dict."""
+    return json.loads((ASSETS / name / "config.json").read_text())
+
+
+@pytest.fixture
+def smollm2() -> dict:
+    return hf_config("smollm2-135m")
+
+
+@pytest.fixture
+def llama3_8b() -> dict:
+    return hf_config("llama-3-8b")
 
 
 @pytest.fixture(scope="session")
@@ -26,8 +44,9 @@ def built_default():
     (about 2.5 minutes on 2 cores, mostly AWQ calibration).
     Returns the build folder (``build/smollm2-135m/cpu``).
     """
-    from pipeline.build import build_dir, run_build
-    from pipeline.spec import load_spec
+    from builders.layout import build_dir
+    from pipeline.build import run_build
+    from builders.spec import load_spec
 
     build = load_spec(DEFAULT_BUILD, "cpu")
     root = Path(os.environ["TRTPIPE_TEST_BUILD_ROOT"]) if os.environ.get("TRTPIPE_TEST_BUILD_ROOT") else None
@@ -91,7 +110,8 @@ targets:
 
 
 @pytest.fixture
-def trtllm_double(monkeypatch):
-    """Point the engine builder at the trtllm-build test double."""
-    monkeypatch.setenv("TRTPIPE_TRTLLM_BUILD", str(DOUBLE))
-    return DOUBLE
+def trtllm_double():
+    """The trtllm-build test double as a Toolchain, injected with ``run_build(..., toolchain=...)``."""
+    from tests.doubles.trtllm_build import toolchain
+
+    return toolchain()

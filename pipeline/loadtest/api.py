@@ -9,7 +9,7 @@ import platform
 import time
 from datetime import datetime, timezone
 
-from pipeline.errors import PipelineError
+from plugins.errors import PipelineError
 from pipeline.loadtest.config import LoadTestConfig
 from pipeline.loadtest.metrics import summarize
 from pipeline.loadtest.runner import ProcPlan, run_procs

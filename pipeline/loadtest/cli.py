@@ -6,12 +6,11 @@ import argparse
 import contextlib
 import json
 import logging
-import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from plugins.errors import PipelineError
 
 log = logging.getLogger("trtpipe")
 EXIT_SLO_MISSED = 1
@@ -118,17 +117,6 @@ def _config(args, url: str, metrics_url: str | None, tokenizer: Path | None):
         ceiling_rps=load_ceiling(args.ceiling) if args.ceiling else None)
 
 
-def _running_server(state: Path) -> dict | None:
-    if not state.is_file():
-        return None
-    info = json.loads(state.read_text())
-    try:
-        os.kill(info["pid"], 0)
-    except (ProcessLookupError, PermissionError, KeyError):
-        return None
-    return info
-
-
 def cmd_run(args) -> int:
     from pipeline.loadtest.api import run_loadtest
     from pipeline.loadtest.report import format_summary, write_reports
@@ -138,11 +126,13 @@ def cmd_run(args) -> int:
     with contextlib.ExitStack() as stack:
         repo, out_root, url, metrics_url = args.model_repo, None, args.url, args.metrics_url
         if url is None and repo is None:
-            from pipeline.cli import _build_path, _resolve
+            from builders.layout import build_dir, resolve_build
 
-            out_root = _build_path(args, _resolve(args))
+            out_root = build_dir(resolve_build(args.build, args.target, args.quant), args.out, args.quant)
             repo = out_root / "model_repo"
-            info = _running_server(out_root / "server.json")
+            from pipeline.serve import running_from_state
+
+            info = running_from_state(out_root / "server.json")
             if info:
                 url, metrics_url = info["grpc"], metrics_url or f"http://127.0.0.1:{info['metrics_port']}/metrics"
                 log.info("using the running server recorded in %s (%s)", out_root / "server.json", url)

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from plugins.errors import PipelineError
 
 CSV_FIELDS = (
     ("point", lambda p: p["point"].get("concurrency", p["point"].get("rate"))),

@@ -9,19 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from builders.bundle_trtllm import serve_argv
+from plugins.runtimes import leader_mode_argv
+from builders.spec import LimitsConfig
 from builders.engine_trtllm import check_engine_output, run_trtllm_build, trtllm_build_argv
-from pipeline.errors import StageError
+from plugins.errors import StageError
+from plugins.recipes import QUANT_RECIPES
+from plugins.architectures import ARCHITECTURES
 from plugins.resolve import resolve_plugins
 from tests.conftest import DOUBLE
 
-LIMITS = {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 2048,
-          "max_beam_width": 1, "tokens_per_block": 32}
+LIMITS = LimitsConfig(max_batch_size=8, max_input_len=1024, max_seq_len=2048, max_num_tokens=2048,
+                      max_beam_width=1, tokens_per_block=32)
 
 
 def _plugins(quant="fp8", tp=1):
-    return resolve_plugins(quant_algo=quant, kv_cache_quant_algo=None, dtype="float16", sm=90, tp_size=tp, pp_size=1,
-                           architecture="LlamaForCausalLM", tokens_per_block=32, enable_kv_cache_reuse=False,
+    return resolve_plugins(quant=QUANT_RECIPES[quant], kv_cache_quant_algo=None, dtype="float16", sm=90, tp_size=tp, world_size=tp,
+                           architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32, enable_kv_cache_reuse=False,
                            enable_chunked_context=False)
 
 
@@ -33,7 +36,7 @@ def _ckpt(tmp_path: Path, world: int) -> Path:
 
 
 def test_argv_shape_and_workers_capped(tmp_path):
-    argv = trtllm_build_argv(checkpoint_dir=Path("/c"), output_dir=Path("/o"), build_config=LIMITS,
+    argv = trtllm_build_argv(checkpoint_dir=Path("/c"), output_dir=Path("/o"), limits=LIMITS,
                              plugins=_plugins(tp=3), world_size=3, gpus_available=2, timing_cache=Path("/t.cache"))
     assert argv[:5] == ["trtllm-build", "--checkpoint_dir", "/c", "--output_dir", "/o"]
     pairs = dict(zip(argv[1::2], argv[2::2]))
@@ -46,11 +49,11 @@ def test_argv_shape_and_workers_capped(tmp_path):
 def test_double_accepts_generated_argv_and_output_check_passes(tmp_path, quant):
     out = tmp_path / "engine"
     out.mkdir()
-    argv = trtllm_build_argv(checkpoint_dir=_ckpt(tmp_path, 2), output_dir=out, build_config=LIMITS,
+    argv = trtllm_build_argv(checkpoint_dir=_ckpt(tmp_path, 2), output_dir=out, limits=LIMITS,
                              plugins=_plugins(quant, tp=2), world_size=2, gpus_available=8,
-                             timing_cache=tmp_path / "tc", executable=str(DOUBLE))
+                             timing_cache=tmp_path / "tc", executable=[str(DOUBLE)])
     run_trtllm_build(argv, out / "trtllm-build.log", progress=False)
-    cfg = check_engine_output(out, world_size=2, build_config=LIMITS, tokens_per_block=32)
+    cfg = check_engine_output(out, world_size=2, limits=LIMITS)
     assert cfg["version"] == "1.2.1"
     assert "Total time of building all engines" in (out / "trtllm-build.log").read_text()
 
@@ -73,15 +76,15 @@ def test_failed_build_raises_with_log_tail(tmp_path):
 def test_output_check_refuses_bad_engine(tmp_path, monkeypatch, knob, match):
     monkeypatch.setenv(knob, "1")
     out = tmp_path / "engine"
-    argv = trtllm_build_argv(checkpoint_dir=_ckpt(tmp_path, 2), output_dir=out, build_config=LIMITS,
-                             plugins=_plugins(), world_size=2, gpus_available=2, executable=str(DOUBLE))
+    argv = trtllm_build_argv(checkpoint_dir=_ckpt(tmp_path, 2), output_dir=out, limits=LIMITS,
+                             plugins=_plugins(), world_size=2, gpus_available=2, executable=[str(DOUBLE)])
     run_trtllm_build(argv, tmp_path / "log", progress=False, env=dict(os.environ))
     with pytest.raises(StageError, match=match):
-        check_engine_output(out, world_size=2, build_config=LIMITS)
+        check_engine_output(out, world_size=2, limits=LIMITS)
 
 
 def test_serve_argv_leader_mode():
-    argv = serve_argv(3, "/repo", http_port=8000, grpc_port=8001, metrics_port=8002)
+    argv = leader_mode_argv(3, "/repo", http_port=8000, grpc_port=8001, metrics_port=8002)
     ranks = " ".join(argv).split(" : ")
     assert len(ranks) == 3 and argv[:2] == ["mpirun", "--allow-run-as-root"]
     for i, cmd in enumerate(ranks):

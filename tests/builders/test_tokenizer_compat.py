@@ -20,8 +20,8 @@ import pytest
 
 from builders.model_fetch import copy_tokenizer, fetch_embedded, portable_tokenizer_config
 from pipeline.build import run_build
-from pipeline.fsutil import REPO_ROOT
-from pipeline.spec import load_spec
+from tests.conftest import REPO_ROOT
+from builders.spec import load_spec
 from tests.conftest import write_spec
 
 pytestmark = pytest.mark.slow  # a venv from PyPI once, tiny-model builds
@@ -82,7 +82,6 @@ def shipped_tokenizers(tmp_path_factory, tiny_llama) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("tok")
     out = {}
     spec = write_spec(tmp / "bundle.yaml", tiny_llama, target="h100", runtime="trtllm")
-    os.environ.pop("TRTPIPE_TRTLLM_BUILD", None)
     run_build(load_spec(spec, "h100"), out_root=tmp / "b1", progress=False)
     out["bundle"] = tmp / "b1" / "tiny" / "h100" / "bundle" / "tokenizer"
     spec = write_spec(tmp / "llmapi.yaml", tiny_llama, target="h100", runtime="trtllm-llmapi")

@@ -58,6 +58,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+VERSIONS = {"tensorrt-llm": "1.2.1", "tensorrt": "10.14.1.48"}
+"""What the double stands in for: TensorRT-LLM 1.2.1 with the TensorRT of the NGC 26.07 container."""
+
+
+def toolchain():
+    """The double as a ``builders.engine_trtllm.Toolchain``, for ``run_build(..., toolchain=...)``."""
+    from builders.engine_trtllm import Toolchain
+
+    return Toolchain((sys.executable, str(Path(__file__).resolve())), dict(VERSIONS))
+
+
 def main() -> int:
     args = parser().parse_args()
     if os.environ.get("TRTPIPE_DOUBLE_ARGV"):

@@ -17,11 +17,11 @@ import yaml
 
 from model_repo.deploy import (IMAGE_VAR, PYTORCH_IMAGE_VAR, compose, kubernetes, plan_deployment,
                                render_deployment, triton_image, write_deployment)
-from pipeline.build import build_dir
+from builders.layout import build_dir
 from pipeline.cli import main
-from pipeline.fsutil import REPO_ROOT
-from pipeline.spec import load_spec
-from pipeline.targets import get_target
+from tests.conftest import REPO_ROOT
+from builders.spec import load_spec
+from plugins.targets import get_target
 from tests.conftest import write_spec
 
 DEFAULT = REPO_ROOT / "configs/builds/smollm2-135m.yaml"

@@ -10,10 +10,10 @@ import pytest
 
 from model_repo.generate import (ModelPlan, check_ensemble, parse_config, plan_repository, render_config,
                                  write_repository)
-from pipeline.errors import StageError
-from pipeline.fsutil import REPO_ROOT
-from pipeline.spec import load_spec
-from pipeline.targets import get_target
+from plugins.errors import StageError
+from tests.conftest import REPO_ROOT
+from builders.spec import load_spec
+from plugins.targets import get_target
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def fake_engine(tmp_path):
 def _plan(engine, **serving):
     build = load_spec(REPO_ROOT / "configs/builds/smollm2-135m.yaml", "cpu",
                       {"serving": serving} if serving else None)
-    return build, plan_repository(build, get_target("cpu"), engine, sys_path=["/site"])
+    return build, plan_repository(build, get_target("cpu"), None, engine, sys_path=["/site"])
 
 
 def test_repository_configs_parse_and_name_their_sources(fake_engine, tmp_path):
@@ -49,7 +49,7 @@ def test_repository_configs_parse_and_name_their_sources(fake_engine, tmp_path):
     assert llm.max_batch_size == 8 and llm.model_transaction_policy.decoupled
     text = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert "${" not in text
-    assert "# spec: serving.streaming" in text and "engine.json build_config.max_batch_size" in text
+    assert "# spec: serving.streaming" in text and "# spec: limits.max_batch_size" in text and "engine.json" not in text
     pre = (tmp_path / "repo" / "preprocessing" / "config.pbtxt").read_text()
     assert 'key: "end_id" value: { string_value: "2" }' in pre
     model_py = (tmp_path / "repo" / "tensorrt_llm" / "1" / "model.py").read_text()
@@ -100,7 +100,6 @@ def _mutate_engine(engine, **changes):
     ("vocab", "tokenizer_vocab_above_engine"),
     ("no_tokenizer", "tokenizer_missing"),
     ("not_decoupled", "pytorch_needs_decoupled"),
-    ("streaming_not_decoupled", "streaming_not_decoupled"),
 ])
 def test_each_cross_check_refuses_an_inconsistent_repository(fake_engine, tmp_path, case, code):
     from model_repo.generate import RepositoryError
@@ -115,15 +114,13 @@ def test_each_cross_check_refuses_an_inconsistent_repository(fake_engine, tmp_pa
     elif case == "no_tokenizer":
         (fake_engine / "tokenizer.json").unlink()
         (fake_engine / "tokenizer_config.json").unlink()
-    elif case == "not_decoupled":
+    else:  # not_decoupled
         serving = {"streaming": False}
-    else:
-        serving = {"streaming": True, "decoupled": False}
     try:
         with pytest.raises(RepositoryError) as err:
             _plan(fake_engine, **serving)
     except Exception as exc:  # the spec itself may already refuse the combination (also fine)
-        from pipeline.errors import SpecError
+        from plugins.errors import SpecError
         if not isinstance(exc, SpecError):
             raise
         return
@@ -164,7 +161,7 @@ def test_trtllm_engine_cross_checks(trtllm_engine, tmp_path, case, code):
     build = load_spec(write_spec(tmp_path / "b.yaml", tmp_path, runtime="trtllm", extra=extra), "h100")
     eng = trtllm_engine(version="1.0.0") if case == "version" else trtllm_engine(paged_ctx=False)
     with pytest.raises(RepositoryError) as err:
-        plan_repository(build, get_target("h100"), eng, tokenizer_dir=eng / "tokenizer")
+        plan_repository(build, get_target("h100"), None, eng, tokenizer_dir=eng / "tokenizer")
     assert code in err.value.codes(), str(err.value)
 
 
@@ -173,7 +170,7 @@ def test_consistent_trtllm_engine_plans(trtllm_engine, tmp_path):
 
     build = load_spec(write_spec(tmp_path / "b.yaml", tmp_path, runtime="trtllm"), "h100")
     eng = trtllm_engine()
-    plan = plan_repository(build, get_target("h100"), eng, tokenizer_dir=eng / "tokenizer")
+    plan = plan_repository(build, get_target("h100"), None, eng, tokenizer_dir=eng / "tokenizer")
     configs = write_repository(plan, tmp_path / "repo")
     assert configs["tensorrt_llm"].dynamic_batching.default_queue_policy is not None
     pre = {k: v.string_value for k, v in configs["preprocessing"].parameters.items()}
@@ -184,8 +181,8 @@ def test_consistent_trtllm_engine_plans(trtllm_engine, tmp_path):
 def test_plan_runtime_settings_are_what_the_repository_holds(fake_engine, tmp_path, target):
     """plan.json's runtime_settings (what `trtpipe plan` shows, with reasons) and the tensorrt_llm
     config.pbtxt parameters agree value for value; on a GPU the KV pool is the plan's."""
-    from pipeline.plan import compute_plan
-    from tests.pipeline.conftest import hf_config
+    from builders.plan import compute_plan
+    from tests.conftest import hf_config
 
     build = load_spec(REPO_ROOT / "configs/builds/bench-h200-smollm2.yaml", target,
                       {"runtime": "pytorch", "limits": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048,
@@ -194,8 +191,7 @@ def test_plan_runtime_settings_are_what_the_repository_holds(fake_engine, tmp_pa
     settings = {r.name: r.value for r in plan.runtime_settings}
     assert {"max_tokens_in_paged_kv_cache", "tokens_per_block", "engine_process", "cuda_graph_mode"} <= set(settings)
     assert all(r.reason for r in plan.runtime_settings)
-    rp = plan_repository(build, get_target(target), fake_engine, sys_path=["/site"],
-                         kv_pool_tokens=plan.memory.kv.capacity_tokens)
+    rp = plan_repository(build, get_target(target), plan, fake_engine, sys_path=["/site"])
     write_repository(rp, tmp_path / "repo")
     params = {k: v.string_value for k, v in parse_config(
         (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text(), "tensorrt_llm").parameters.items()}

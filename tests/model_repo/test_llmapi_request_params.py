@@ -14,8 +14,8 @@ import pytest
 
 from model_repo.generate import (PASS_OUTPUTS, TEMPLATES, load_template_module, plan_repository, render_model_py,
                                  write_repository)
-from pipeline.spec import load_spec
-from pipeline.targets import get_target
+from builders.spec import load_spec
+from plugins.targets import get_target
 from tests.conftest import _smollm2_tokenizer_dir, write_spec
 
 _path = TEMPLATES / "tensorrt_llm_llmapi" / "1" / "request_params.py"
@@ -142,7 +142,7 @@ def test_llmapi_repository_carries_the_mapping_and_its_model_compiles(tmp_path):
     build = load_spec(write_spec(tmp_path / "b.yaml", tok, runtime="trtllm-llmapi"), "h100")
     limits = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
               "max_beam_width": 1, "tokens_per_block": 32}
-    plan = plan_repository(build, get_target("h100"), tmp_path / "engine", tokenizer_dir=tok, build_config=limits)
+    plan = plan_repository(build, get_target("h100"), None, tmp_path / "engine", tokenizer_dir=tok, engine_built=False)
     write_repository(plan, tmp_path / "repo")
     assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "request_params.py").read_text() == _path.read_text()
     compile(render_model_py("tensorrt_llm_llmapi"), "model.py", "exec")

@@ -22,7 +22,7 @@ def test_sdpa_backends_setting(value, expected):
 def test_default_attention_kernels_are_all_but_cudnn():
     """The repository's default (plan.PORTABLE_RUNTIME_CHOICES, written into config.pbtxt) keeps torch from
     cuDNN attention, whose per-shape plans made first visits of a batch shape slow on the H200."""
-    from pipeline.plan import PORTABLE_RUNTIME_CHOICES
+    from plugins.runtimes import PORTABLE_RUNTIME_CHOICES
 
     params = {name: value for name, value, _ in PORTABLE_RUNTIME_CHOICES}
     assert sorted(runtime_settings(params, BUILD)["sdpa_backends"]) == sorted(set(SDPA_BACKENDS) - {"cudnn"})

@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from model_repo.generate import TEMPLATES, write_repository, plan_repository
-from pipeline.spec import load_spec
-from pipeline.targets import get_target
+from builders.spec import load_spec
+from plugins.targets import get_target
 from tests.conftest import _smollm2_tokenizer_dir, write_spec
 
 LIMITS = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
@@ -23,7 +23,7 @@ def test_repository_for_gpu_runtimes(tmp_path, runtime):
         shutil.copy2(_smollm2_tokenizer_dir() / name, tok / name)
     (tok / "generation_config.json").write_text('{"eos_token_id": [2, 0], "pad_token_id": 2}')
     build = load_spec(write_spec(tmp_path / "b.yaml", tok, runtime=runtime), "h100")
-    plan = plan_repository(build, get_target("h100"), tmp_path / "engine", tokenizer_dir=tok, build_config=LIMITS)
+    plan = plan_repository(build, get_target("h100"), None, tmp_path / "engine", tokenizer_dir=tok, engine_built=False)
     configs = write_repository(plan, tmp_path / "repo")
     llm = configs["tensorrt_llm"]
     params = {k: v.string_value for k, v in llm.parameters.items()}

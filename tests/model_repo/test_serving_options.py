@@ -28,8 +28,8 @@ UNUSED_TOKEN = 49151  # never emitted for these prompts: generation runs to max_
 def engine_dir(request) -> Path:
     """The built engine folder: an existing build under TRTPIPE_TEST_BUILD_ROOT is used as it is
     (no stage is re-run, so another checkout's build folder is never rewritten); else the default build."""
-    from pipeline.build import build_dir
-    from pipeline.spec import load_spec
+    from builders.layout import build_dir
+    from builders.spec import load_spec
     from tests.conftest import DEFAULT_BUILD
 
     root = os.environ.get("TRTPIPE_TEST_BUILD_ROOT")
@@ -43,12 +43,12 @@ def engine_dir(request) -> Path:
 def _start_server(engine_dir, tmp, **llm_params):
     from model_repo.generate import default_sys_path, plan_repository, write_repository
     from pipeline.serve import ServerConfig, TritonServer, free_ports
-    from pipeline.spec import load_spec
-    from pipeline.targets import get_target
+    from builders.spec import load_spec
+    from plugins.targets import get_target
     from tests.conftest import DEFAULT_BUILD
 
     tmp.mkdir(parents=True, exist_ok=True)
-    plan = plan_repository(load_spec(DEFAULT_BUILD, "cpu"), get_target("cpu"), engine_dir)
+    plan = plan_repository(load_spec(DEFAULT_BUILD, "cpu"), get_target("cpu"), None, engine_dir)
     llm = next(m for m in plan.models if m.name == "tensorrt_llm")
     for key, value in llm_params.items():
         llm.set(key, value, "test")

@@ -20,10 +20,10 @@ from google.protobuf import json_format
 
 from builders.engine_trtllm import trtllm_build_argv
 from model_repo.generate import PERF_OUTPUTS, plan_repository, write_repository
-from pipeline.build import _build_config, trtllm_plugins
+from builders.plan import plugin_decisions
 from pipeline.client import PERF_NAMES
-from pipeline.spec import load_spec
-from pipeline.targets import get_target
+from builders.spec import load_spec
+from plugins.targets import get_target
 from tests.conftest import write_spec
 
 FACTS = Path(__file__).resolve().parents[1] / "facts" / "trtllm_1_2_1"
@@ -68,11 +68,12 @@ def repositories(tiny_llama, tmp_path_factory) -> dict:
             f"    quantization: {{quant_algo: {quant}{kv_line}}}\n"))
         build = load_spec(spec, target)
         tgt = get_target(target)
-        bc = _build_config(build)
-        plan = plan_repository(build, tgt, tmp / "engine", tokenizer_dir=tiny_llama, build_config=bc, sys_path=[])
+        plan = plan_repository(build, tgt, None, tmp / "engine", engine_built=False, tokenizer_dir=tiny_llama,
+                               sys_path=[])
         configs = write_repository(plan, tmp / "model_repo")
-        argv = trtllm_build_argv(checkpoint_dir=tmp / "ckpt", output_dir=tmp / "engine", build_config=bc,
-                                 plugins=trtllm_plugins(build, tgt), world_size=tp * pp, gpus_available=8)
+        argv = trtllm_build_argv(checkpoint_dir=tmp / "ckpt", output_dir=tmp / "engine", limits=build.limits,
+                                 plugins=plugin_decisions(build, tgt.sm, "LlamaForCausalLM"), world_size=tp * pp,
+                                 gpus_available=8)
         out[ident] = {"build": build, "target": tgt, "plan": plan.as_dict(),
                       "configs": {n: json_format.MessageToDict(c, preserving_proto_field_name=True)
                                   for n, c in configs.items()}, "argv": argv}
@@ -117,10 +118,16 @@ def test_tensorrt_llm_parameters_are_the_ones_the_backend_reads_with_values_it_p
     assert params["decoding_mode"] in BACKEND["parameters"]["decoding_mode"]["values"]
 
 
-def test_sources_name_the_file_trtllm_build_writes(repo):
-    """The bundle's configs say where each limit comes from: a trtllm-build engine's config.json."""
+def test_limits_come_from_the_spec_and_match_the_argv(repo):
+    """Each limit in the configs names the spec field it came from, and trtllm-build is asked for the same
+    value (one limits object from the spec to config.pbtxt and the argv)."""
     comments = json.dumps(repo["plan"])
-    assert "engine/config.json build_config" in comments and "engine.json" not in comments
+    assert "spec: limits.max_batch_size" in comments and "engine.json" not in comments
+    argv = repo["argv"]
+    flags = dict(zip(argv[1::2], argv[2::2]))
+    pre = repo["configs"]["preprocessing"]["parameters"]
+    assert flags["--max_input_len"] == pre["max_input_len"]["string_value"]
+    assert flags["--max_seq_len"] == pre["max_seq_len"]["string_value"]
 
 
 def test_gpu_device_ids_are_node_local(repo):

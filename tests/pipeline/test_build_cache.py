@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.build import run_build
-from pipeline.spec import load_spec
+from builders.spec import load_spec
 from tests.conftest import REPO, write_spec
 
 pytestmark = pytest.mark.slow  # ModelOpt export of a tiny model: a few seconds per build
@@ -27,42 +27,42 @@ def test_cache_hit_and_partial_rebuilds(tmp_path, tiny_llama, trtllm_double, mon
     monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
     spec = write_spec(tmp_path / "b.yaml", tiny_llama)
     out = tmp_path / "build"
-    m1 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    m1 = run_build(load_spec(spec, "h100"), out_root=out, progress=False, toolchain=trtllm_double)
     assert _stages(m1) == {"checkpoint": False, "verify": False, "engine": False, "model_repo": False,
                            "deploy": False}
     eng = out / "tiny" / "h100" / "engine"
     assert (eng / "rank0.engine").is_file() and (eng / "trtllm-build.log").is_file()
     info = m1["stages"]["engine"]["info"]
-    assert info["test_double"] and "--max_seq_len" in info["argv"]
+    assert info["executable"] == list(trtllm_double.executable) and "--max_seq_len" in info["argv"]
     cfg = (out / "tiny" / "h100" / "model_repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     assert 'backend: "tensorrtllm"' in cfg and str(eng) in cfg
 
     t0 = time.perf_counter()
-    m2 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    m2 = run_build(load_spec(spec, "h100"), out_root=out, progress=False, toolchain=trtllm_double)
     assert time.perf_counter() - t0 < 1.0
     assert all(_stages(m2).values())
 
     # a serving field: only the repository reruns (the deployment files do not hold it)
     write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5}\n")
-    m3 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    m3 = run_build(load_spec(spec, "h100"), out_root=out, progress=False, toolchain=trtllm_double)
     assert _stages(m3) == {"checkpoint": True, "verify": True, "engine": True, "model_repo": False,
                            "deploy": True}
     # a limit: engine and repository rerun, the checkpoint does not
     write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5}\n"
                                        "    limits: {max_batch_size: 2}\n")
-    m4 = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    m4 = run_build(load_spec(spec, "h100"), out_root=out, progress=False, toolchain=trtllm_double)
     assert _stages(m4) == {"checkpoint": True, "verify": True, "engine": False, "model_repo": False,
                            "deploy": True}
     # a port: only the deployment files (and the repository, which records serving) rerun
     write_spec(spec, tiny_llama, extra="    serving: {kv_cache_free_gpu_mem_fraction: 0.5, http_port: 8100}\n"
                                        "    limits: {max_batch_size: 2}\n")
-    m4b = run_build(load_spec(spec, "h100"), out_root=out, progress=False)
+    m4b = run_build(load_spec(spec, "h100"), out_root=out, progress=False, toolchain=trtllm_double)
     assert _stages(m4b) == {"checkpoint": True, "verify": True, "engine": True, "model_repo": False,
                             "deploy": False}
     compose = (out / "tiny" / "h100" / "deploy" / "docker-compose.yaml").read_text()
     assert "127.0.0.1:8100:8100" in compose and str((out / "tiny" / "h100").resolve()) in compose
     # log level / progress / worker count are not inputs
-    m5 = run_build(load_spec(spec, "h100"), out_root=out, progress=True)
+    m5 = run_build(load_spec(spec, "h100"), out_root=out, progress=True, toolchain=trtllm_double)
     assert all(_stages(m5).values())
 
 
@@ -70,8 +70,7 @@ def test_interrupted_engine_stage_leaves_nothing_readable(tmp_path, tiny_llama, 
     env = dict(os.environ, TRTPIPE_CACHE=str(tmp_path / "cache"), TRTPIPE_DOUBLE_SLEEP="30")
     spec = write_spec(tmp_path / "b.yaml", tiny_llama)
     out = tmp_path / "build"
-    cmd = [sys.executable, "-m", "pipeline.cli", "build", str(spec), "--target", "h100", "--out", str(out),
-           "--no-progress"]
+    cmd = [sys.executable, "-m", "tests.doubles.run_build", str(spec), "h100", str(out)]
     child = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              start_new_session=True)
     leaf = out / "tiny" / "h100"
@@ -97,7 +96,7 @@ def test_interrupted_engine_stage_leaves_nothing_readable(tmp_path, tiny_llama, 
 
 
 def test_bundle_when_tensorrt_llm_absent(tmp_path, tiny_llama, monkeypatch, capsys):
-    monkeypatch.delenv("TRTPIPE_TRTLLM_BUILD", raising=False)
+    """No toolchain is installed here: the trtllm runtime hands the engine build to the GPU host."""
     monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
     spec = write_spec(tmp_path / "b.yaml", tiny_llama)
     out = tmp_path / "build"

@@ -6,7 +6,7 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
-from pipeline.fsutil import build_lock
+from plugins.fsutil import build_lock
 
 
 def _hold(folder: str, log: str, ready) -> None:

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from builders.quantize import QUANT_RECIPES
-from pipeline.errors import SpecError
-from pipeline.targets import registry
+from plugins.recipes import QUANT_RECIPES
+from plugins.errors import SpecError
+from plugins.targets import registry
+from plugins.architectures import ARCHITECTURES
 from plugins.resolve import resolve_plugins
 from tests.doubles.trtllm_build import parser
 
@@ -28,8 +29,8 @@ FP8_CTX_SM = tuple(FACTS["fp8_context_fmha_sm"]["cpp_attention_op"]["allowed_sm"
 
 
 def _resolve(quant, target, kv=None, tp=1, reuse=False, chunked=False):
-    return resolve_plugins(quant_algo=quant, kv_cache_quant_algo=kv, dtype="float16", sm=registry()[target].sm,
-                           tp_size=tp, pp_size=1, architecture="LlamaForCausalLM", tokens_per_block=32,
+    return resolve_plugins(quant=QUANT_RECIPES[quant], kv_cache_quant_algo=kv, dtype="float16", sm=registry()[target].sm,
+                           tp_size=tp, world_size=tp, architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32,
                            enable_kv_cache_reuse=reuse, enable_chunked_context=chunked)
 
 
@@ -41,10 +42,12 @@ def test_plugin_table(quant, target, kv, tp):
     sm = registry()[target].sm
     qa = QUANT_RECIPES[quant].quant_algo
     refused = []
-    if (qa in ("FP8", "W4A8_AWQ") or kv == "fp8") and sm < 89:
+    if qa in ("FP8", "W4A8_AWQ") and sm < 89:
         refused.append("fp8_sm")
+    if kv == "fp8" and sm < 89:
+        refused.append("fp8_kv_sm")
     if qa in ("W4A16_AWQ", "W8A8_SQ_PER_CHANNEL") and 100 <= sm < 120:
-        refused.append("int_wo_blackwell")
+        refused.append("int4_sm100")
     if refused:
         with pytest.raises(SpecError) as e:
             _resolve(quant, target, kv=kv, tp=tp)
@@ -68,8 +71,8 @@ def test_plugin_table(quant, target, kv, tp):
 
 def test_fp8_refused_below_sm89():
     with pytest.raises(SpecError) as e:
-        resolve_plugins(quant_algo="fp8", kv_cache_quant_algo=None, dtype="float16", sm=80, tp_size=1, pp_size=1,
-                        architecture="LlamaForCausalLM", tokens_per_block=32, enable_kv_cache_reuse=False,
+        resolve_plugins(quant=QUANT_RECIPES["fp8"], kv_cache_quant_algo=None, dtype="float16", sm=80, tp_size=1, world_size=1,
+                        architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32, enable_kv_cache_reuse=False,
                         enable_chunked_context=False)
     assert e.value.codes() == ["fp8_sm"]
 
@@ -77,10 +80,10 @@ def test_fp8_refused_below_sm89():
 @pytest.mark.parametrize("quant", ["int4_awq", "int8_sq"])
 def test_int_weight_only_refused_on_blackwell(quant):
     with pytest.raises(SpecError) as e:
-        resolve_plugins(quant_algo=quant, kv_cache_quant_algo=None, dtype="float16", sm=100, tp_size=1, pp_size=1,
-                        architecture="LlamaForCausalLM", tokens_per_block=32, enable_kv_cache_reuse=False,
+        resolve_plugins(quant=QUANT_RECIPES[quant], kv_cache_quant_algo=None, dtype="float16", sm=100, tp_size=1, world_size=1,
+                        architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32, enable_kv_cache_reuse=False,
                         enable_chunked_context=False)
-    assert "int_wo_blackwell" in e.value.codes()
+    assert "int4_sm100" in e.value.codes()
 
 
 def test_fp8_kv_with_reuse_needs_fp8_context_fmha():
@@ -92,8 +95,8 @@ def test_fp8_kv_with_reuse_needs_fp8_context_fmha():
 
 
 def _trtllm_build(target, **quantization):
-    from pipeline.fsutil import REPO_ROOT
-    from pipeline.spec import load_spec
+    from tests.conftest import REPO_ROOT
+    from builders.spec import load_spec
 
     return load_spec(REPO_ROOT / "configs" / "builds" / "llama-3-8b.yaml", target,
                      overrides={"quantization": quantization} if quantization else None)
@@ -105,18 +108,22 @@ def _trtllm_build(target, **quantization):
     ("l40s", {"use_fp8_context_fmha": True}), ("b200", {}), ("a10", {}),
     ("h200", {"use_fp8_context_fmha": False, "kv_cache_quant_algo": "fp8"})])
 def test_plan_table_and_trtllm_build_argv_come_from_one_resolution(target, quantization):
-    """quantization.use_fp8_context_fmha once changed plan.json and not the argv (the P8 audit's 7a)."""
-    from pipeline.build import trtllm_plugins
-    from pipeline.plan import make_plan
-    from pipeline.targets import get_target
-    from tests.pipeline.conftest import hf_config
+    """quantization.use_fp8_context_fmha once changed plan.json and not the argv (the P8 audit's 7a): the
+    engine stage builds the argv from the plan's decisions."""
+    from builders.engine_trtllm import trtllm_build_argv
+    from builders.preflight import make_plan
+    from plugins.targets import get_target
+    from tests.conftest import hf_config
 
     build = _trtllm_build(target, **quantization)
     wanted = quantization.get("use_fp8_context_fmha")
     if wanted is not None and wanted != (build.settings.quantization.kv_cache_quant_algo == "fp8"):
         build.settings.serving.enable_kv_cache_reuse = False  # else refused: see the tests below
     plan = make_plan(build, get_target(target), hf_config("llama-3-8b"))
-    argv = [a for d in trtllm_plugins(build, get_target(target)) for a in d.cli()]
+    full = trtllm_build_argv(checkpoint_dir=Path("/c"), output_dir=Path("/o"), limits=plan.limits,
+                             plugins=plan.plugins, world_size=build.world_size, gpus_available=8)
+    plugin_flags = {"--" + p.flag for p in plan.plugins}
+    argv = [a for i, a in enumerate(full) if a in plugin_flags or (i and full[i - 1] in plugin_flags)]
     table = [a for p in plan.plugins if not p.implicit for a in ("--" + p.flag, p.value)]
     assert argv == table
     if wanted is not None:
@@ -126,8 +133,8 @@ def test_plan_table_and_trtllm_build_argv_come_from_one_resolution(target, quant
 def test_fp8_context_fmha_on_ada_is_planned_and_passed():
     """The audit's 1e: preflight refused SM 89 although TensorRT-LLM runs FP8 context FMHA there."""
     flags = {d.flag: d.value for d in resolve_plugins(
-        quant_algo="fp8", kv_cache_quant_algo=None, dtype="float16", sm=89, tp_size=1, pp_size=1,
-        architecture="LlamaForCausalLM", tokens_per_block=32, enable_kv_cache_reuse=False,
+        quant=QUANT_RECIPES["fp8"], kv_cache_quant_algo=None, dtype="float16", sm=89, tp_size=1, world_size=1,
+        architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32, enable_kv_cache_reuse=False,
         enable_chunked_context=False, use_fp8_context_fmha=True)}
     # honoured by turning paged context FMHA off (under it trtllm-build would follow the unquantized KV cache)
     assert flags["use_fp8_context_fmha"] == "enable" and flags["use_paged_context_fmha"] == "disable"
@@ -136,8 +143,8 @@ def test_fp8_context_fmha_on_ada_is_planned_and_passed():
 @pytest.mark.parametrize("sm", [91, 110, 122])  # SM >= 89 (so not the FP8 gate) without the kernels
 def test_fp8_context_fmha_refused_where_attention_op_has_no_kernel(sm):
     with pytest.raises(SpecError) as e:
-        resolve_plugins(quant_algo="fp8", kv_cache_quant_algo="fp8", dtype="float16", sm=sm, tp_size=1, pp_size=1,
-                        architecture="LlamaForCausalLM", tokens_per_block=32, enable_kv_cache_reuse=False,
+        resolve_plugins(quant=QUANT_RECIPES["fp8"], kv_cache_quant_algo="fp8", dtype="float16", sm=sm, tp_size=1, world_size=1,
+                        architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32, enable_kv_cache_reuse=False,
                         enable_chunked_context=False, use_fp8_context_fmha=True)
     assert "fp8_context_fmha_sm" in e.value.codes()
 
@@ -154,6 +161,6 @@ def test_fp8_context_fmha_against_the_kv_cache_is_refused_when_serving_needs_pag
 
 
 def _resolve_fp8(kv, wanted, reuse):
-    return resolve_plugins(quant_algo="fp8", kv_cache_quant_algo=kv, dtype="float16", sm=90, tp_size=1, pp_size=1,
-                           architecture="LlamaForCausalLM", tokens_per_block=32, enable_kv_cache_reuse=reuse,
+    return resolve_plugins(quant=QUANT_RECIPES["fp8"], kv_cache_quant_algo=kv, dtype="float16", sm=90, tp_size=1, world_size=1,
+                           architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32, enable_kv_cache_reuse=reuse,
                            enable_chunked_context=False, use_fp8_context_fmha=wanted)

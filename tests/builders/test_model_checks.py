@@ -7,11 +7,11 @@ import shutil
 
 import pytest
 
-from pipeline.errors import SpecError
-from pipeline.fsutil import REPO_ROOT
-from pipeline.preflight import check_model
-from pipeline.spec import load_spec
-from pipeline.targets import get_target
+from plugins.errors import SpecError
+from tests.conftest import REPO_ROOT
+from builders.preflight import check_model
+from builders.spec import load_spec
+from plugins.targets import get_target
 
 
 def test_non_llama_architecture_is_refused(tmp_path):

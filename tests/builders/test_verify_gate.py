@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.errors import StageError
+from plugins.errors import StageError
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def tiny_hf(tmp_path_factory):
 
 
 def write_build(tmp_path, source, **gates) -> "object":
-    from pipeline.spec import load_spec
+    from builders.spec import load_spec
 
     data = {"name": "tiny", "model": {"source": str(source)}, "dtype": "float16",
             "quantization": {"quant_algo": "fp8", "calibration": {"num_samples": 2, "seq_len": 32}},
@@ -43,7 +43,8 @@ def write_build(tmp_path, source, **gates) -> "object":
 
 
 def test_too_tight_gate_fails_the_build_and_leaves_no_verify_folder(tmp_path, tiny_hf, capsys):
-    from pipeline.build import build_dir, run_build
+    from builders.layout import build_dir
+    from pipeline.build import run_build
     from pipeline.cli import main
 
     _, build = write_build(tmp_path, tiny_hf, max_mean_kl=0.0, min_top1_agreement=0.5)
@@ -76,7 +77,7 @@ def test_identical_models_score_perfectly():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from builders.verify import check_gates, compare_models
-    from pipeline.spec import QualityGate
+    from builders.spec import QualityGate
 
     torch.manual_seed(0)
     m = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -89,9 +90,9 @@ def test_identical_models_score_perfectly():
 
 
 def test_planner_refuses_tp2_for_smollm2():
-    from pipeline.preflight import model_problems
-    from pipeline.spec import load_spec
-    from pipeline.fsutil import REPO_ROOT
+    from builders.preflight import model_problems
+    from builders.spec import load_spec
+    from tests.conftest import REPO_ROOT
 
     build = load_spec(REPO_ROOT / "configs" / "builds" / "smollm2-135m.yaml", "cpu",
                       {"parallelism": {"tp_size": 2}})

@@ -14,7 +14,7 @@ import json
 import logging
 from pathlib import Path
 
-from pipeline.fsutil import cache_root, write_json
+from plugins.fsutil import cache_root, write_json
 
 log = logging.getLogger("trtpipe")
 MEMO_NAME = "digests.json"

@@ -14,10 +14,10 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.errors import Problem, SpecError, did_you_mean
-from pipeline.fsutil import REPO_ROOT
+from plugins.errors import Problem, SpecError, did_you_mean
 
-TARGETS_DIR = REPO_ROOT / "configs" / "targets"
+TARGETS_DIR = Path(__file__).resolve().parents[1] / "configs" / "targets"
+"""The profiles, package data: ``configs/targets`` of the checkout, or of site-packages in an installed copy."""
 
 
 class TargetProfile(BaseModel):

@@ -4,8 +4,9 @@
 model's Hugging Face ``config.json`` dict (no weights). It returns a :class:`Plan` that
 serialises to ``plan.json``: per-rank weight, activation and KV-cache bytes, the KV pool's
 capacity in tokens, blocks and sequences, the resolved ``trtllm-build`` plugin set (each with
-its reason) and warnings. It never raises on a broken rule; :func:`make_plan` runs the rules of
-:mod:`pipeline.preflight` and raises one :class:`~pipeline.errors.SpecError` listing them all.
+its reason) and warnings. It never raises on a broken rule; ``builders.preflight.make_plan`` runs
+the rules and raises one :class:`~plugins.errors.SpecError` listing them all. A build computes its
+plan once and hands the :class:`Plan` to every stage.
 
 All byte counts are bytes (not KiB/MiB); "per rank" means one GPU of the serving world
 (tp_size x pp_size) and, under pipeline parallelism, the heaviest pipeline stage.
@@ -13,7 +14,8 @@ All byte counts are bytes (not KiB/MiB); "per rank" means one GPU of the serving
 Sources: TensorRT-LLM "Memory Usage of TensorRT-LLM"
 (https://nvidia.github.io/TensorRT-LLM/reference/memory.html: weights, activations fixed at
 build time by the max shapes, KV pool = ``free_gpu_memory_fraction`` of the memory left);
-shared/reference/trtllm.md (checkpoint layout, sharding, KV bytes per token).
+TensorRT-LLM's checkpoint format (``docs/source/architecture/checkpoint.md``: layout, sharding) and
+``cpp/tensorrt_llm/runtime/kvCacheManager`` (KV bytes per token).
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from builders.quantize import QUANT_RECIPES
-from pipeline.errors import Problem, SpecError
-from pipeline.spec import ResolvedBuild
-from pipeline.targets import TargetProfile
+from builders.spec import LimitsConfig, ResolvedBuild
+from plugins.architectures import DEFAULT_ARCHITECTURE, architecture
+from plugins.errors import Problem, SpecError
+from plugins.recipes import QuantRecipe, recipe
+from plugins.resolve import PluginDecision, resolve_plugins
+from plugins.runtimes import kv_slots
+from plugins.targets import TargetProfile
 
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
-ENGINE_RUNTIMES = ("trtllm", "trtllm-llmapi")
-"""Runtimes that keep the checkpoint quantized and sharded over tp_size x pp_size GPUs. The
-portable ``pytorch`` runtime serves the merged, dequantized weights on one device."""
 GPU_RUNTIME_RESERVE_BYTES = 1 * GIB
 """Per-GPU memory the plan sets aside for the CUDA context, cuBLAS/NCCL workspaces and the
 runtime's own buffers (an estimate: 0.5-1 GiB is what a CUDA 12 context plus TensorRT-LLM's
@@ -74,7 +76,7 @@ class ModelShape(_Frozen):
         rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
         return cls(
-            architecture=(cfg.get("architectures") or ["LlamaForCausalLM"])[0],
+            architecture=(cfg.get("architectures") or [DEFAULT_ARCHITECTURE])[0],
             num_hidden_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
             num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
@@ -85,10 +87,16 @@ class ModelShape(_Frozen):
 
 
 class PluginEntry(_Frozen):
+    """One resolved trtllm-build flag as plan.json holds it (plugins.resolve.PluginDecision)."""
+
     flag: str
     value: str
     reason: str
     implicit: bool
+
+    def cli(self) -> list[str]:
+        """The flag and value for the trtllm-build command line (nothing when trtllm-build applies it itself)."""
+        return PluginDecision(self.flag, self.value, self.reason, self.implicit).cli()
 
 
 class RuntimeSetting(_Frozen):
@@ -99,50 +107,12 @@ class RuntimeSetting(_Frozen):
     reason: str
 
 
-# The portable (pytorch) runtime's fixed choices and why: plan.json's runtime_settings and the
-# tensorrt_llm model's config.pbtxt parameters (model_repo.generate) both take them from here.
-# Measurements: docs/benchmarks/h200.md.
-PORTABLE_RUNTIME_CHOICES: tuple[tuple[str, str, str], ...] = (
-    ("cuda_graph_mode", "auto", "transformers decides (on the H200 it used no graphs for the paged SDPA path; "
-     "with its default 90% KV share, graph warm-up ran out of memory there; docs/benchmarks/h200.md)"),
-    ("async_batching", "false", "the per-request sampling processors (sampling.py) need synchronous batching; "
-     "on the H200 transformers' async double-buffering was also far slower (docs/benchmarks/h200.md)"),
-    ("library_defaults", "false", "the planner's sizes (KV pool, blocks, batch token budget), not transformers' "
-     "own: on the H200 not slower beyond the run-to-run spread at 8 of 9 paired points (docs/benchmarks/h200.md)"),
-    ("engine_process", "true", "the generation loop in its own process (engine_worker.py), so returning tokens "
-     "does not share the stub's interpreter with it: on the H200 (8B shape) 1.25-1.7x the output tok/s of the "
-     "loop in the stub at 1-128 users (docs/benchmarks/h200.md); false: the loop in the stub, responses sent per "
-     "response_dispatch"),
-    ("engine_python", "", "the worker's python (empty: one of the stub's Python version: its interpreter, the "
-     "one under its prefix, or on PATH)"),
-    ("sdpa_backends", "flash,mem_efficient,math", "every attention kernel but cuDNN's: on the H200 (8B shape) "
-     "cuDNN attention made the first visit of each batch shape up to 2.8x slower (per-shape plans) and served "
-     "traffic kept meeting new shapes; without it, served output tok/s was 1.12-1.22x at 32 and 128 users and "
-     "first visits ran as fast as later ones; 1 user was 0.70-0.75x, not explained (docs/benchmarks/h200.md, "
-     "sixth session). 'auto': torch's own choice, cuDNN included (process-wide where the generation loop runs)"),
-    ("response_dispatch", "thread", "engine_process false only: a dispatcher thread sends the responses, so each "
-     "send's round trip overlaps the next step ('inline': the generation thread sends them between steps)"),
-)
-
-
-def portable_kv_tokens(max_batch_size: int, max_seq_len: int, kv_cap: Optional[int],
-                       pool_tokens: Optional[int]) -> tuple[int, str]:
-    """KV slots (tokens) the pytorch runtime allocates, and where the number comes from: the spec's cap,
-    else the planner's pool on a GPU (``pool_tokens``, memory.kv.capacity_tokens; None on CPU), else
-    max_batch_size x max_seq_len. One rule for plan.json and config.pbtxt."""
-    if kv_cap:
-        return kv_cap, "spec: serving.max_tokens_in_paged_kv_cache"
-    if pool_tokens:
-        return pool_tokens, ("plan: memory.kv.capacity_tokens (serving.kv_cache_free_gpu_mem_fraction of the GPU "
-                             "memory left after weights and activations; allocated once, like the TensorRT-LLM "
-                             "backend's pool)")
-    return max_batch_size * max_seq_len, "plan: max_batch_size x max_seq_len (every slot can hold a full sequence)"
-
-
-def portable_runtime_settings(lim, kv: "KVPlan", gpu: bool, kv_cap: Optional[int]) -> list[RuntimeSetting]:
-    """The pytorch runtime's continuous-batching settings with their reasons (plan.json runtime_settings)."""
-    tokens, kv_reason = portable_kv_tokens(lim.max_batch_size, lim.max_seq_len, kv_cap,
-                                           kv.capacity_tokens if gpu else None)
+def portable_runtime_settings(build: ResolvedBuild, capacity_tokens: Optional[int]) -> list[RuntimeSetting]:
+    """The portable runtime's continuous-batching settings with their reasons (plan.json runtime_settings):
+    the KV slots (plugins.runtimes.kv_slots), the limits it schedules by and the runtime's fixed choices."""
+    lim = build.settings.limits
+    tokens, kv_reason = kv_slots(lim.max_batch_size, lim.max_seq_len, build.settings.serving.max_tokens_in_paged_kv_cache,
+                                 capacity_tokens)
     fixed = [
         ("max_tokens_in_paged_kv_cache", tokens, kv_reason),
         ("tokens_per_block", lim.tokens_per_block, "limits.tokens_per_block: the paged cache's block size"),
@@ -151,7 +121,7 @@ def portable_runtime_settings(lim, kv: "KVPlan", gpu: bool, kv_cap: Optional[int
         ("max_batch_size", lim.max_batch_size, "limits.max_batch_size: requests one step may hold "
                                                "(transformers' max_requests_per_batch)"),
     ]
-    return [RuntimeSetting(name=n, value=str(v), reason=r) for n, v, r in (*fixed, *PORTABLE_RUNTIME_CHOICES)]
+    return [RuntimeSetting(name=n, value=str(v), reason=r) for n, v, r in (*fixed, *build.runtime.settings)]
 
 
 class KVPlan(_Frozen):
@@ -229,7 +199,8 @@ class Plan(_Frozen):
     model: ModelShape
     vocab_padded: int
     """vocab_size rounded up to a multiple of serving_tp (lm_head rows)."""
-    limits: dict[str, int]
+    limits: LimitsConfig
+    """The build limits, the spec's typed object: engine.json, config.pbtxt and trtllm-build take them from here."""
     memory: MemoryPlan
     plugins: list[PluginEntry]
     runtime_settings: list[RuntimeSetting] = []
@@ -243,7 +214,7 @@ class Plan(_Frozen):
 
     def write(self, path: Path) -> Path:
         """Write plan.json atomically to ``path``."""
-        from pipeline.fsutil import write_json
+        from plugins.fsutil import write_json
 
         write_json(Path(path), self.to_json())
         return Path(path)
@@ -251,30 +222,6 @@ class Plan(_Frozen):
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def linear_bytes(n_in: int, n_out: int, quant_algo: str, group_size: int, dtype_bytes: int) -> tuple[int, int]:
-    """(weight bytes, scale bytes) of one linear layer shard ``n_in x n_out`` under a recipe.
-
-    16-bit: 2 B/param. FP8: 1 B/param + two per-tensor FP32 scales (weight, activation).
-    INT8 SmoothQuant: 1 B/param + one FP32 scale per output channel + a per-tensor activation
-    scale. INT4 AWQ (W4A16/W4A8): 0.5 B/param, one 16-bit scale per ``group_size`` inputs per
-    output (``weights_scaling_factor (out, in/group)``) and a 16-bit ``prequant_scaling_factor
-    (in,)``; W4A8 adds per-tensor FP32 scales (shared/reference/trtllm.md, "Checkpoint format").
-    """
-    recipe = QUANT_RECIPES[quant_algo]
-    params = n_in * n_out
-    if recipe.weight_bits >= 16:
-        return params * dtype_bytes, 0
-    weight = params * recipe.weight_bits // 8
-    if recipe.uses_group_size:
-        scales = n_out * _ceil_div(n_in, group_size) * dtype_bytes + n_in * dtype_bytes
-        if recipe.quant_algo == "W4A8_AWQ":
-            scales += 2 * 4
-        return weight, scales
-    if recipe.quant_algo == "W8A8_SQ_PER_CHANNEL":
-        return weight, n_out * 4 + 4
-    return weight, 2 * 4
 
 
 def activation_bytes(shape: ModelShape, tp: int, vocab_rank: int, max_num_tokens: int, max_batch_size: int,
@@ -316,19 +263,17 @@ def kv_bytes_per_token(shape: ModelShape, tp: int, pp: int, dtype_bytes: int) ->
     return 2 * layers_rank * kv_rank * shape.head_dim * dtype_bytes
 
 
-def _weights(shape: ModelShape, tp: int, pp: int, quant_algo: str, group_size: int, dtype_bytes: int,
-             quantized: bool, dedupe_tied: bool) -> tuple[list[int], dict[str, int], int]:
+def _weights(shape: ModelShape, tp: int, pp: int, quant: QuantRecipe, group_size: int, dtype_bytes: int,
+             dedupe_tied: bool) -> tuple[list[int], dict[str, int], int]:
     """Per-PP-rank weight bytes (heaviest TP rank), the heaviest rank's breakdown, total params."""
-    qa = quant_algo if quantized else "none"
-    hd, h = shape.head_dim, shape.hidden_size
-    q_rank = _ceil_div(shape.num_attention_heads, tp)
-    kv_rank = max(1, _ceil_div(shape.num_key_value_heads, tp))
-    inter_rank = _ceil_div(shape.intermediate_size, tp)
-    # (in, out) of each linear shard: qkv/fc/gate column-parallel, dense/proj row-parallel.
-    linears = [(h, (q_rank + 2 * kv_rank) * hd), (q_rank * hd, h), (h, inter_rank), (h, inter_rank), (inter_rank, h)]
+    arch = architecture(shape.architecture) or architecture(None)
+    h = shape.hidden_size
+    shards = arch.linear_shards(hidden_size=h, heads_rank=_ceil_div(shape.num_attention_heads, tp),
+                                kv_heads_rank=max(1, _ceil_div(shape.num_key_value_heads, tp)),
+                                head_dim=shape.head_dim, intermediate_rank=_ceil_div(shape.intermediate_size, tp))
     layer_w = layer_s = 0
-    for n_in, n_out in linears:
-        w, s = linear_bytes(n_in, n_out, qa, group_size, dtype_bytes)
+    for shard in shards:
+        w, s = quant.linear_bytes(shard.n_in, shard.n_out, group_size, dtype_bytes)
         layer_w, layer_s = layer_w + w, layer_s + s
     layer_norms = 2 * h * dtype_bytes
     vocab_padded = _ceil_div(shape.vocab_size, tp) * tp
@@ -345,12 +290,30 @@ def _weights(shape: ModelShape, tp: int, pp: int, quant_algo: str, group_size: i
         per_rank.append(sum(parts.values()))
         breakdowns.append(parts)
     heaviest = max(range(pp), key=lambda r: per_rank[r])
-    n_layer = sum(i * o for i, o in (
-        (h, (shape.num_attention_heads + 2 * shape.num_key_value_heads) * hd),
-        (shape.num_attention_heads * hd, h), (h, shape.intermediate_size), (h, shape.intermediate_size),
-        (shape.intermediate_size, h))) + 2 * h
+    whole = arch.linear_shards(hidden_size=h, heads_rank=shape.num_attention_heads,
+                               kv_heads_rank=shape.num_key_value_heads, head_dim=shape.head_dim,
+                               intermediate_rank=shape.intermediate_size)
+    n_layer = sum(sh.n_in * sh.n_out for sh in whole) + 2 * h
     params = shape.num_hidden_layers * n_layer + h + shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
     return per_rank, breakdowns[heaviest], params
+
+
+def plugin_decisions(build: ResolvedBuild, sm: Optional[int], architecture_name: Optional[str] = None, *,
+                     strict: bool = False) -> list[PluginDecision]:
+    """The trtllm-build plugin decisions for ``build`` on a GPU of ``sm`` (plugins.resolve.resolve_plugins).
+
+    The one place the resolver's arguments are taken from the spec. ``architecture_name`` is the model's
+    HF architecture (None before the model is read: architecture-specific fusions are left out).
+    """
+    s = build.settings
+    q, sv = s.quantization, s.serving
+    return resolve_plugins(
+        quant=build.recipe, kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, sm=sm,
+        tp_size=s.parallelism.tp_size, world_size=build.world_size,
+        architecture=architecture(architecture_name) if architecture_name else None,
+        tokens_per_block=s.limits.tokens_per_block, enable_kv_cache_reuse=sv.enable_kv_cache_reuse,
+        enable_chunked_context=sv.enable_chunked_context, use_fp8_context_fmha=q.use_fp8_context_fmha,
+        strict=strict)
 
 
 def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128,
@@ -365,14 +328,12 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
             reports (tokens).
 
     Returns:
-        The plan. Rules are checked separately by :func:`pipeline.preflight.plan_problems`.
+        The plan. Rules are checked separately by :func:`builders.preflight.plan_problems`.
     """
-    from plugins.resolve import resolve_plugins
-
     s = build.settings
     q, par, lim, sv = s.quantization, s.parallelism, s.limits, s.serving
     shape = ModelShape.from_hf_config(hf_config)
-    engine = s.runtime in ENGINE_RUNTIMES
+    engine = build.runtime.sharded  # keeps the checkpoint quantized and sharded over tp x pp GPUs
     tp, pp = (par.tp_size, par.pp_size) if engine else (1, 1)
     warnings: list[str] = []
 
@@ -381,8 +342,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     act_dtype = s.dtype if engine else target.runtime_dtype
     dtype_bytes = DTYPE_BYTES[act_dtype]
     kv_dtype_bytes = 1 if (engine and q.kv_cache_quant_algo == "fp8") else dtype_bytes
-    per_pp, breakdown, params = _weights(shape, tp, pp, q.quant_algo, q.group_size, dtype_bytes,
-                                         quantized=engine, dedupe_tied=not engine)
+    per_pp, breakdown, params = _weights(shape, tp, pp, build.recipe if engine else recipe("none"), q.group_size,
+                                         dtype_bytes, dedupe_tied=not engine)
     weights = max(per_pp)
     vocab_padded = _ceil_div(shape.vocab_size, tp) * tp
     acts = activation_bytes(shape, tp, vocab_padded // tp, lim.max_num_tokens, lim.max_batch_size,
@@ -393,11 +354,9 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
 
     bpt = kv_bytes_per_token(shape, tp, pp, kv_dtype_bytes)
     cap = sv.max_tokens_in_paged_kv_cache
-    if target.kind == "cpu":
-        tokens = cap if cap is not None else lim.max_batch_size * lim.max_seq_len
+    if target.kind == "cpu":  # CPU targets allocate per sequence
+        tokens, source = kv_slots(lim.max_batch_size, lim.max_seq_len, cap)
         pool = tokens * bpt
-        source = "serving.max_tokens_in_paged_kv_cache" if cap is not None else \
-            "limits.max_batch_size x limits.max_seq_len (CPU targets allocate per sequence)"
     else:
         pool = int(max(0, free) * sv.kv_cache_free_gpu_mem_fraction)
         source = "serving.kv_cache_free_gpu_mem_fraction of the memory left after weights and activations"
@@ -418,13 +377,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                         activation_bytes=acts, free_bytes_after_weights_and_activations=free, kv=kv,
                         total_bytes=reserve + weights + acts + pool)
 
-    decisions = resolve_plugins(
-        quant_algo=q.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, sm=target.sm,
-        tp_size=par.tp_size, pp_size=par.pp_size, architecture=shape.architecture,
-        tokens_per_block=tpb, enable_kv_cache_reuse=sv.enable_kv_cache_reuse,
-        enable_chunked_context=sv.enable_chunked_context, use_fp8_context_fmha=q.use_fp8_context_fmha,
-        strict=False)
-    plugins = [PluginEntry(flag=d.flag, value=d.value, reason=d.reason, implicit=d.implicit) for d in decisions]
+    plugins = [PluginEntry(flag=d.flag, value=d.value, reason=d.reason, implicit=d.implicit)
+               for d in plugin_decisions(build, target.sm, shape.architecture)]
 
     # Warnings: facts worth knowing that are not errors.
     if engine and shape.num_key_value_heads < tp:
@@ -434,10 +388,10 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     if vocab_padded != shape.vocab_size:
         warnings.append(f"vocab_size {shape.vocab_size} padded to {vocab_padded} (a multiple of tp_size {tp}) for "
                         "the lm_head split (counted in the plan)")
-    if not engine and (par.tp_size > 1 or par.pp_size > 1):
+    if not engine and par.world_size > 1:
         warnings.append(f"runtime '{s.runtime}' serves the merged checkpoint on one device: tp_size/pp_size "
                         f"({par.tp_size}/{par.pp_size}) only shape the exported checkpoint")
-    if not engine and QUANT_RECIPES[q.quant_algo].weight_bits < 16:
+    if not engine and build.recipe.quantized:
         warnings.append(f"runtime '{s.runtime}' dequantizes weights to {act_dtype}: {q.quant_algo} changes "
                         "accuracy and disk size, not serving memory")
     gpn = par.gpus_per_node or target.gpus_per_node
@@ -455,13 +409,13 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
         warnings.append(f"target {target.name} has FP8 tensor cores; quant_algo fp8 would halve weight memory")
 
     return Plan(build=build.name, target=target.name, runtime=s.runtime, dtype=s.dtype, quant_algo=q.quant_algo,
-                trtllm_quant_algo=QUANT_RECIPES[q.quant_algo].quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo,
+                trtllm_quant_algo=build.recipe.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo,
                 tp_size=par.tp_size, pp_size=par.pp_size, world_size=par.world_size, serving_tp=tp, serving_pp=pp,
                 gpus_available=gpn * par.num_nodes if target.kind == "gpu" else 1, target_sm=target.sm,
                 target_memory_gib=target.memory_gib, model=shape, vocab_padded=vocab_padded,
-                limits=lim.model_dump(), memory=memory, plugins=plugins, plugins_apply=s.runtime == "trtllm",
-                runtime_settings=(portable_runtime_settings(lim, kv, target.kind == "gpu", cap)
-                                  if s.runtime == "pytorch" else []),
+                limits=lim, memory=memory, plugins=plugins, plugins_apply=build.runtime.builds_trt_engine,
+                runtime_settings=(portable_runtime_settings(build, kv.capacity_tokens if target.kind == "gpu" else None)
+                                  if build.runtime.settings else []),
                 warnings=warnings)
 
 
@@ -474,18 +428,6 @@ def read_hf_config(hf_dir: Path) -> dict:
     cfg = json.loads(path.read_text())
     cfg.setdefault("_name_or_path", str(hf_dir))  # so errors about the config name the folder
     return cfg
-
-
-def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128,
-              osl: int = 128) -> Plan:
-    """Check every rule (spec, model, memory) and return the plan; raise SpecError listing all problems."""
-    from pipeline import preflight
-
-    problems = preflight.spec_problems(build, target)
-    problems += preflight.model_problems(build, hf_config, target)
-    if problems:
-        raise SpecError(problems, build.spec_path)
-    return compute_plan(build, target, hf_config, isl=isl, osl=osl)
 
 
 def human_bytes(n: Any) -> str:

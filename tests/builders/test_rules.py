@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import preflight
-from pipeline.errors import SpecError
-from pipeline.plan import compute_plan, make_plan
-from pipeline.spec import load_spec
-from pipeline.targets import get_target
-from tests.pipeline.conftest import hf_config
+from builders import preflight
+from plugins.errors import SpecError
+from builders.plan import compute_plan
+from builders.preflight import make_plan
+from builders.spec import load_spec
+from plugins.targets import get_target
+from tests.conftest import hf_config
 
 INVALID = sorted((Path(__file__).resolve().parents[1] / "specs" / "invalid").glob("*.yaml"))
 
@@ -87,7 +88,9 @@ def test_paged_context_fmha_consistency_rule_fires_when_resolver_disagrees(monke
                     "serving: {enable_kv_cache_reuse: true}\ntargets: {h100: {}}\n")
     build = load_spec(spec, "h100")
     assert "paged_context_fmha" not in [p.code for p in preflight.spec_problems(build, get_target("h100"))]
-    monkeypatch.setattr(resolve, "resolve_plugins", broken)
+    import builders.plan
+
+    monkeypatch.setattr(builders.plan, "resolve_plugins", broken)  # where plugin_decisions looks it up
     problems = preflight.spec_problems(build, get_target("h100"))
     assert [(p.field, p.code) for p in problems] == [("serving.enable_kv_cache_reuse", "paged_context_fmha")]
 

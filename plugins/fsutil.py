@@ -1,4 +1,11 @@
-"""Filesystem helpers: atomic output folders, the cache root, stage timing and peak memory."""
+"""Filesystem helpers: the project root, atomic output folders, the cache root, stage timing and peak memory.
+
+trtpipe keeps what it writes under one documented root, :func:`project_root`: ``$TRTPIPE_HOME``, or the
+current directory (a checkout, where ``make`` runs). Below it: ``build/`` (build outputs), ``.cache/``
+(converted models, locks; ``$TRTPIPE_CACHE`` moves it) and ``.triton/`` (the tritonserver that
+``make setup`` installs; ``$TRTPIPE_TRITON_HOME`` moves it). What ships with the package (target profiles,
+Triton templates) is found beside the code, as package data.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +22,14 @@ from typing import Iterator
 
 import psutil
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+def project_root() -> Path:
+    """Where trtpipe writes: ``$TRTPIPE_HOME``, else the current directory."""
+    return Path(os.environ.get("TRTPIPE_HOME") or os.getcwd()).resolve()
 
 
 def cache_root() -> Path:
-    """Cache folder for converted models: ``$TRTPIPE_CACHE`` or ``<repo>/.cache``."""
-    return Path(os.environ.get("TRTPIPE_CACHE", REPO_ROOT / ".cache"))
+    """Cache folder for converted models and locks: ``$TRTPIPE_CACHE`` or ``<project root>/.cache``."""
+    return Path(os.environ.get("TRTPIPE_CACHE") or project_root() / ".cache")
 
 
 @contextlib.contextmanager

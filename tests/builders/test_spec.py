@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 import yaml
 
-from pipeline.errors import SpecError
-from pipeline.spec import json_schema, load_spec
+from plugins.errors import SpecError
+from builders.spec import json_schema, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "docs" / "build.schema.json"

@@ -22,33 +22,16 @@ import shlex
 import shutil
 from pathlib import Path
 
-from builders.engine_trtllm import LIMIT_KEYS, LOG_NAME, TRTLLM_VERSION, trtllm_build_argv
+from builders.engine_trtllm import LOG_NAME, TRTLLM_VERSION, trtllm_build_argv
+from builders.model_fetch import copy_tokenizer
+from builders.plan import Plan
+from builders.spec import LimitsConfig
+from model_repo.generate import plan_repository, write_repository
+from plugins.runtimes import leader_mode_argv
 
 BUNDLE_VAR = "@BUNDLE@"
 WORKERS_VAR = "@WORKERS@"
 SCRIPT_NAME = "build_and_serve.sh"
-
-
-def serve_argv(world_size: int, model_repo: str, *, http_port, grpc_port, metrics_port,
-               address: str = "127.0.0.1", tritonserver: str = "tritonserver",
-               llm_model: str = "tensorrt_llm") -> list[str]:
-    """The leader-mode launch: ``mpirun -n 1 tritonserver ... : -n 1 tritonserver ...``, one rank per GPU.
-
-    Each rank gets its own Python-backend shared-memory prefix; ranks other than 0 load only the
-    ``tensorrt_llm`` model (explicit model control), as the TensorRT-LLM backend's launcher does.
-    """
-    argv = ["mpirun", "--allow-run-as-root"]
-    for rank in range(world_size):
-        argv += ["-n", "1", tritonserver, f"--model-repository={model_repo}"]
-        if rank != 0:
-            argv += ["--model-control-mode=explicit", f"--load-model={llm_model}"]
-        argv += [f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
-                 f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
-                 "--disable-auto-complete-config",
-                 f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
-        if rank != world_size - 1:
-            argv.append(":")
-    return argv
 
 
 def _sh(arg: str) -> str:
@@ -71,9 +54,9 @@ def _argv_to_sh(argv: list[str], indent: str = "    ") -> str:
 
 
 def render_script(*, name: str, target: str, planned_dir: Path, world_size: int, build_argv: list[str],
-                  serve: list[str], build_config: dict, ports: tuple[int, int, int] = (8000, 8001, 8002)) -> str:
+                  serve: list[str], limits: LimitsConfig, ports: tuple[int, int, int] = (8000, 8001, 8002)) -> str:
     """The text of ``build_and_serve.sh``."""
-    limits = json.dumps({k: build_config[k] for k in LIMIT_KEYS}, sort_keys=True)
+    limits = json.dumps(limits.engine_limits(), sort_keys=True)
     build_cmd = _argv_to_sh(build_argv[1:])
     serve_cmd = _argv_to_sh(serve)
     return f"""#!/usr/bin/env bash
@@ -193,42 +176,42 @@ def _link_tree(src: Path, dst: Path) -> str:
     return method
 
 
-def write_bundle(tmp: Path, final: Path, *, build, target, ckpt_dir: Path, hf_dir: Path, build_config: dict,
-                 plugins: list, world_size: int, stage_keys: dict) -> dict:
-    """Fill ``tmp`` (renamed to ``final`` by the stage runner) with the bundle; return stage facts."""
-    from builders.model_fetch import copy_tokenizer
-    from model_repo.generate import plan_repository, write_repository
+def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir: Path, hf_dir: Path,
+                 stage_keys: dict) -> dict:
+    """Fill ``tmp`` (renamed to ``final`` by the stage runner) with the bundle; return stage facts.
 
+    The limits, plugin decisions and KV pool come from ``plan``, the build's one plan."""
+    limits, plugins, world_size = plan.limits, plan.plugins, build.world_size
     method = _link_tree(ckpt_dir, tmp / "checkpoint")
     copy_tokenizer(hf_dir, tmp / "tokenizer")
     sv = build.settings.serving
     # Plan with the final paths, write into tmp; the generator reads only generation_config.json.
-    plan = plan_repository(build, target, final / "engine", tokenizer_dir=tmp / "tokenizer",
-                           build_config=build_config, sys_path=[])
-    for mp in plan.models:
+    repo = plan_repository(build, target, plan, final / "engine", engine_built=False, tokenizer_dir=tmp / "tokenizer",
+                           sys_path=[])
+    for mp in repo.models:
         for key, value in mp.values.items():
             mp.values[key] = value.replace(str(tmp.resolve()), str(final.resolve()))
-    write_repository(plan, tmp / "model_repo", atomic=False)
+    write_repository(repo, tmp / "model_repo", atomic=False)
     argv = trtllm_build_argv(checkpoint_dir=Path(f"{BUNDLE_VAR}/checkpoint"),
-                             output_dir=Path(f"{BUNDLE_VAR}/engine.tmp"), build_config=build_config,
+                             output_dir=Path(f"{BUNDLE_VAR}/engine.tmp"), limits=limits,
                              plugins=plugins, world_size=world_size, gpus_available=world_size,
                              timing_cache=Path(f"{BUNDLE_VAR}/timing_cache/{target.name}.cache"))
     i = argv.index("--workers")
     argv[i + 1] = WORKERS_VAR
-    serve = serve_argv(world_size, f"{BUNDLE_VAR}/model_repo", http_port="${HTTP_PORT}", grpc_port="${GRPC_PORT}",
+    serve = leader_mode_argv(world_size, f"{BUNDLE_VAR}/model_repo", http_port="${HTTP_PORT}", grpc_port="${GRPC_PORT}",
                        metrics_port="${METRICS_PORT}", address="${ADDRESS}", tritonserver="${TRITONSERVER}")
     script = render_script(name=build.name, target=build.target, planned_dir=final.resolve(),
-                           world_size=world_size, build_argv=argv, serve=serve, build_config=build_config,
+                           world_size=world_size, build_argv=argv, serve=serve, limits=limits,
                            ports=(sv.http_port, sv.grpc_port, sv.metrics_port))
     (tmp / SCRIPT_NAME).write_text(script)
     (tmp / SCRIPT_NAME).chmod(0o755)
     plan_doc = {
         "build": build.name, "target": build.target, "runtime": build.settings.runtime,
         "tensorrt_llm_version": TRTLLM_VERSION, "target_sm": target.sm, "world_size": world_size,
-        "settings": build.settings.model_dump(mode="json"), "build_config": build_config,
+        "settings": build.settings.model_dump(mode="json"), "build_config": limits.as_dict(),
         "plugins": [{"flag": d.flag, "value": d.value, "reason": d.reason, "implicit": d.implicit} for d in plugins],
         "trtllm_build_argv": argv, "serve_argv": serve, "stage_keys": stage_keys,
-        "repository_plan": plan.as_dict(),
+        "repository_plan": repo.as_dict(),
     }
     (tmp / "plan.json").write_text(json.dumps(plan_doc, indent=2, default=str) + "\n")
     return {"bundle": str(final), "script": str(final / SCRIPT_NAME), "checkpoint_files": method,

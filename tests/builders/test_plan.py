@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.errors import SpecError
-from pipeline.plan import GIB, GPU_RUNTIME_RESERVE_BYTES, compute_plan, make_plan
-from pipeline.spec import BuildSettings, ModelSource, ResolvedBuild, load_spec
-from pipeline.targets import get_target, registry
-from tests.pipeline.conftest import hf_config
+from plugins.errors import SpecError
+from builders.plan import GIB, GPU_RUNTIME_RESERVE_BYTES, compute_plan
+from builders.preflight import make_plan
+from builders.spec import BuildSettings, ModelSource, ResolvedBuild, load_spec
+from plugins.targets import get_target, registry
+from tests.conftest import hf_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -261,7 +262,7 @@ def test_run_build_saves_plan_before_heavy_work(tmp_path, monkeypatch, smollm2):
     def no_heavy_work(*a, **k):
         raise Stop
 
-    monkeypatch.setattr(build_mod, "_checkpoint_stage", no_heavy_work)
+    monkeypatch.setattr(build_mod, "checkpoint_stage", no_heavy_work)
     build = load_spec(ROOT / "configs/builds/smollm2-135m.yaml", "cpu")
     with pytest.raises(Stop):
         build_mod.run_build(build, out_root=tmp_path / "out", progress=False)
@@ -290,7 +291,8 @@ def test_serve_model_repo_logs_beside_the_copy(tmp_path):
     """A served copy of a repository logs beside the copy, not over the build's own server log."""
     import argparse
 
-    from pipeline.cli import _build_path, _resolve, _server_config
+    from builders.layout import build_dir, resolve_build
+    from pipeline.cli import server_config
 
     copy = tmp_path / "edited" / "model_repo"
     (copy / "tensorrt_llm").mkdir(parents=True)
@@ -298,18 +300,18 @@ def test_serve_model_repo_logs_beside_the_copy(tmp_path):
     args = argparse.Namespace(build=ROOT / "configs/builds/smollm2-135m.yaml", target="cpu", quant=None,
                               out=tmp_path / "out", model_repo=copy, http_port=None, grpc_port=None,
                               metrics_port=None, address="127.0.0.1", timeout=60)
-    build = _resolve(args)
-    assert _server_config(args, build).log_file == tmp_path / "edited" / "tritonserver.log"
+    build = resolve_build(args.build, args.target, args.quant)
+    assert server_config(args, build).log_file == tmp_path / "edited" / "tritonserver.log"
     args.model_repo = None
-    (_build_path(args, build) / "model_repo" / "tensorrt_llm").mkdir(parents=True)
-    (_build_path(args, build) / "model_repo" / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\n')
-    assert _server_config(args, build).log_file == _build_path(args, build) / "tritonserver.log"
+    (build_dir(build, args.out) / "model_repo" / "tensorrt_llm").mkdir(parents=True)
+    (build_dir(build, args.out) / "model_repo" / "tensorrt_llm" / "config.pbtxt").write_text('name: "tensorrt_llm"\n')
+    assert server_config(args, build).log_file == build_dir(build, args.out) / "tritonserver.log"
 
 
 def test_cli_plan_runtime_settings_fit_a_narrow_terminal(monkeypatch, capsys):
     """80 columns: whole setting names, each reason after the table, no line cut off."""
     from pipeline.cli import main
-    from pipeline.plan import PORTABLE_RUNTIME_CHOICES
+    from plugins.runtimes import PORTABLE_RUNTIME_CHOICES
 
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["plan", str(ROOT / "configs/builds/smollm2-135m.yaml"), "--target", "cpu"]) == 0

@@ -1,0 +1,30 @@
+"""Where a build's outputs live: ``<project root>/build/<name>/<target>[-<variant>]/``.
+
+One place for the rule, used by the build, the deploy stage, the server launcher and the load
+tester. The project root is :func:`plugins.fsutil.project_root` (``$TRTPIPE_HOME`` or the current
+directory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from builders.spec import ResolvedBuild, load_spec, overrides_from_flags
+from plugins.fsutil import project_root
+
+
+def build_root() -> Path:
+    """``<project root>/build``: the default parent of every build folder."""
+    return project_root() / "build"
+
+
+def build_dir(build: ResolvedBuild, root: Optional[Path] = None, variant: Optional[str] = None) -> Path:
+    """``<root>/<name>/<target>[-<variant>]``: where a build's outputs live (``root`` default :func:`build_root`)."""
+    leaf = build.target if not variant else f"{build.target}-{variant}"
+    return Path(root or build_root()) / build.name / leaf
+
+
+def resolve_build(spec_path: str | Path, target: str, quant: Optional[str] = None) -> ResolvedBuild:
+    """Load ``spec_path`` for ``target`` with the ``--quant`` override applied (raise SpecError)."""
+    return load_spec(spec_path, target, overrides_from_flags(quant))

@@ -1,0 +1,284 @@
+"""Pre-flight rules that run before any heavy step (all problems reported at once).
+
+``check(build, target)`` needs only the spec and the target profile; :func:`make_plan` (and
+:func:`check_model`, which reads the model folder) also reads the model's config.json (no weights),
+checks the shape and memory rules, and returns the build's one :class:`~builders.plan.Plan`. Each
+rule appends a :class:`~plugins.errors.Problem` naming the YAML field (``targets.<t>.<field>`` when the
+target overrides it), the value, the rule and the fix, with a stable ``code``. Rules ask the
+registries' traits (plugins.runtimes, plugins.recipes, plugins.architectures); the SM gates and the
+plugin decisions are plugins.resolve's, called from here and from the planner. Sources are cited
+next to each rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from builders.plan import ModelShape, Plan, compute_plan, human_bytes, plugin_decisions, read_hf_config
+from builders.spec import ResolvedBuild
+from plugins.architectures import ARCHITECTURES, architecture
+from plugins.errors import Problem, SpecError
+from plugins.resolve import HARDWARE_CODES, hardware_problems
+from plugins.targets import TargetProfile
+
+SHARDING_CODES = ("heads_tp", "kv_heads_tp", "intermediate_tp", "layers_pp")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
+    """Rules that need only the spec and the target."""
+    s = build.settings
+    where = build.where
+    q, par, lim, sv = s.quantization, s.parallelism, s.limits, s.serving
+    engine = build.runtime.sharded  # the engine runtimes: quantized, sharded over tp x pp GPUs
+    sm = target.sm
+    problems: list[Problem] = []
+
+    # Runtime availability: the target profile lists the runtimes that run there (configs/targets/*.yaml).
+    if s.runtime not in target.runtimes:
+        problems.append(Problem(where("runtime"), s.runtime, f"runtime '{s.runtime}' cannot run on target "
+                                f"'{target.name}' (it supports {list(target.runtimes)})",
+                                "use runtime: pytorch on CPU targets, or pick a GPU target", code="runtime_target"))
+
+    # GPUs: world size = tp x pp ranks, one per GPU (the backend's launch_triton_server.py starts one
+    # tritonserver rank per GPU). Only engine runtimes shard over GPUs.
+    gpn = par.gpus_per_node or target.gpus_per_node
+    if par.gpus_per_node is not None and par.gpus_per_node > target.gpus_per_node:
+        problems.append(Problem(where("parallelism.gpus_per_node"), par.gpus_per_node,
+                                f"target '{target.name}' has {target.gpus_per_node} GPUs per node",
+                                f"set parallelism.gpus_per_node <= {target.gpus_per_node} or remove it",
+                                code="gpus_per_node_target"))
+    if engine and target.kind == "gpu" and par.world_size > gpn * par.num_nodes:
+        problems.append(Problem(where("parallelism.tp_size"), par.tp_size,
+                                f"tp_size x pp_size = {par.tp_size} x {par.pp_size} = {par.world_size} ranks need "
+                                f"{par.world_size} GPUs, but gpus_per_node x num_nodes = {gpn} x {par.num_nodes} = "
+                                f"{gpn * par.num_nodes}", f"lower tp_size/pp_size or set parallelism.num_nodes >= "
+                                f"{-(-par.world_size // gpn)}", code="world_size"))
+
+    # Limits (TensorRT-LLM BuildConfig: max_seq_len holds the prompt and at least one generated token).
+    if lim.max_seq_len < lim.max_input_len + 1:
+        problems.append(Problem(where("limits.max_seq_len"), lim.max_seq_len,
+                                f"max_seq_len must be at least max_input_len + 1 = {lim.max_input_len + 1} "
+                                "(room for one generated token)",
+                                f"set limits.max_seq_len >= {lim.max_input_len + 1}", code="seq_len_vs_input"))
+    # Without chunked context a whole prompt is one context chunk, and one forward pass holds at
+    # most max_num_tokens tokens: the executor refuses max_input_len > max_num_tokens unless
+    # chunked context is on (TensorRT-LLM docs, "Tuning Max Batch Size and Max Num Tokens" and
+    # "Long Sequences / Chunked Context": chunking decouples the prompt length from max_num_tokens).
+    if not sv.enable_chunked_context and lim.max_num_tokens < lim.max_input_len:
+        problems.append(Problem(where("limits.max_num_tokens"), lim.max_num_tokens,
+                                f"max_num_tokens must be >= max_input_len ({lim.max_input_len}) when "
+                                "enable_chunked_context is off: a whole prompt must fit in one forward pass",
+                                f"set limits.max_num_tokens >= {lim.max_input_len} or "
+                                "serving.enable_chunked_context: true", code="num_tokens_vs_input"))
+    # "if chunked context is enabled, please set the max_num_tokens to be an integer multiple of
+    # the kv-cache block size tokens_per_block" (TensorRT-LLM docs/source/features/long-sequence.md).
+    if sv.enable_chunked_context and lim.max_num_tokens % lim.tokens_per_block:
+        good = lim.max_num_tokens - lim.max_num_tokens % lim.tokens_per_block or lim.tokens_per_block
+        problems.append(Problem(where("limits.max_num_tokens"), lim.max_num_tokens,
+                                f"with chunked context max_num_tokens must be a multiple of tokens_per_block "
+                                f"({lim.tokens_per_block})", f"set limits.max_num_tokens to {good}",
+                                code="chunk_block_multiple"))
+
+    # Triton: the tensorrt_llm model's max_batch_size may not exceed the engine's, and streaming needs the
+    # decoupled policy (the backend's docs/model_config.md).
+    tmbs = sv.triton_max_batch_size
+    if tmbs is not None and tmbs > lim.max_batch_size:
+        problems.append(Problem(where("serving.triton_max_batch_size"), tmbs,
+                                f"Triton's max_batch_size must not exceed the engine's max_batch_size "
+                                f"{lim.max_batch_size}", "lower it or raise limits.max_batch_size",
+                                code="triton_batch_vs_engine"))
+    if sv.decoupled is False and sv.streaming:
+        problems.append(Problem(where("serving.decoupled"), False, "streaming needs the decoupled transaction policy "
+                                "(model_transaction_policy { decoupled: true })",
+                                "remove serving.decoupled or set it to true (or set serving.streaming: false)",
+                                code="streaming_decoupled"))
+
+    # SM gates (plugins.resolve.hardware_problems, the resolver's own). The portable runtime dequantizes, so
+    # only the FP8-context-FMHA choice is judged for it, by the quantization alone.
+    problems += hardware_problems(build.recipe, q.kv_cache_quant_algo, sm if engine else None,
+                                  use_fp8_context_fmha=q.use_fp8_context_fmha,
+                                  trtllm_build=build.runtime.builds_trt_engine, where=where)
+    if engine and sm is not None:
+        problems += _resolver_refusals(build, sm)
+
+    # KV-cache reuse and chunked context need an engine built with paged context FMHA
+    # (https://nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html: "KV cache reuse
+    # requires the model to be built for paged context attention"). The plugin resolver is the one place
+    # that decides the flag: check it agrees.
+    said = {p.code for p in problems} & {"fp8_context_fmha_vs_kv_cache", "fp8_kv_paged_context"}
+    if (sv.enable_kv_cache_reuse or sv.enable_chunked_context) and not said:
+        paged = {d.flag: d.value for d in plugin_decisions(build, sm)}.get("use_paged_context_fmha")
+        if paged != "enable":
+            which = "serving.enable_kv_cache_reuse" if sv.enable_kv_cache_reuse else "serving.enable_chunked_context"
+            problems.append(Problem(where(which), True,
+                                    f"needs an engine with use_paged_context_fmha enabled, but the plugin "
+                                    f"resolution gives {paged!r}", "turn the option off, or fix plugins/resolve.py "
+                                    "so that it enables use_paged_context_fmha", code="paged_context_fmha"))
+    return problems
+
+
+def _resolver_refusals(build: ResolvedBuild, sm: int) -> list[Problem]:
+    """What the plugin resolver refuses for this engine build beyond the SM gates (reported above)."""
+    try:
+        plugin_decisions(build, sm, strict=True)
+    except SpecError as exc:
+        return [Problem(build.where(p.field), p.value, p.rule, p.fix, p.code) for p in exc.problems
+                if p.code not in HARDWARE_CODES]
+    return []
+
+
+def check(build: ResolvedBuild, target: TargetProfile) -> None:
+    """Raise SpecError when the spec breaks a rule that needs no model files."""
+    problems = spec_problems(build, target)
+    if problems:
+        raise SpecError(problems, build.spec_path)
+
+
+def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
+    """Rules that need the model's config.json: sharding divisibility and context length."""
+    s = build.settings
+    where = build.where
+    q, par, lim = s.quantization, s.parallelism, s.limits
+    tp, pp = par.tp_size, par.pp_size
+    m = ModelShape.from_hf_config(hf_config)
+    problems: list[Problem] = []
+
+    # Sharding: every sharded dimension must divide (ModelOpt's exporter, modelopt/torch/export/
+    # tensorrt_llm_utils.py, splits heads by tp and layers evenly by pp).
+    if m.num_attention_heads % tp:
+        problems.append(Problem(where("parallelism.tp_size"), tp, f"num_attention_heads ({m.num_attention_heads}) must "
+                                "be divisible by tp_size", f"use tp_size in {_divisors(m.num_attention_heads)}",
+                                code="heads_tp"))
+    kv = m.num_key_value_heads
+    # GQA: kv_heads >= tp must split evenly; kv_heads < tp are duplicated, which needs tp % kv == 0
+    # (TensorRT-LLM's checkpoint format: when num_key_value_heads < tp, K/V heads are duplicated up to tp).
+    if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
+        problems.append(Problem(where("parallelism.tp_size"), tp, f"num_key_value_heads ({kv}) must be divisible by "
+                                "tp_size, or tp_size by it (KV heads are duplicated when fewer than tp)",
+                                f"use tp_size in {sorted(set(_divisors(kv)) | {kv * k for k in (2, 4, 8)})} "
+                                "that also divides num_attention_heads", code="kv_heads_tp"))
+    if m.intermediate_size % tp:
+        problems.append(Problem(where("parallelism.tp_size"), tp, f"intermediate_size ({m.intermediate_size}) must be "
+                                "divisible by tp_size (the MLP is split by columns/rows across ranks)",
+                                f"use tp_size in {[d for d in _divisors(m.num_attention_heads) if m.intermediate_size % d == 0]}",
+                                code="intermediate_tp"))
+    if m.num_hidden_layers % pp:
+        problems.append(Problem(where("parallelism.pp_size"), pp, f"num_hidden_layers ({m.num_hidden_layers}) must be "
+                                "divisible by pp_size (ModelOpt's exporter splits layers evenly)",
+                                f"use pp_size in {_divisors(m.num_hidden_layers)}", code="layers_pp"))
+    # AWQ: the group size must divide every per-rank input dimension of a quantized linear layer
+    # (ModelOpt's INT4 block quantizer groups along the input; 11008 / 4 = 2752 is not a multiple of 128).
+    # Column-parallel layers (qkv, gate, up) keep their input (hidden); row-parallel layers split it:
+    # o_proj gets heads x head_dim / tp, down_proj gets intermediate / tp (the architecture's linear shards).
+    if build.recipe.uses_group_size:
+        shards = architecture(m.architecture).linear_shards(
+            hidden_size=m.hidden_size, heads_rank=m.num_attention_heads // tp, kv_heads_rank=max(1, kv // tp),
+            head_dim=m.head_dim, intermediate_rank=m.intermediate_size // tp)
+        dims: dict[str, int] = {}
+        for shard in shards:  # one entry per distinct input: "qkv/gate_proj/up_proj input = 576"
+            label = next((k for k, v in dims.items() if v == shard.n_in), None)
+            if label is None:
+                dims[f"{shard.name} input"] = shard.n_in
+            else:
+                dims[label.replace(" input", f"/{shard.name} input")] = dims.pop(label)
+        bad = {k: v for k, v in dims.items() if v % q.group_size}
+        if bad:
+            ok = [g for g in (32, 64, 128, 256) if all(v % g == 0 for v in dims.values())]
+            problems.append(Problem(where("quantization.group_size"), q.group_size,
+                                    "group_size must divide every per-rank sharded input dimension; "
+                                    + ", ".join(f"{k} = {v}" for k, v in bad.items()) + " is not a multiple",
+                                    f"use group_size in {ok}" if ok else "change tp_size", code="awq_group"))
+    # Context length: RoPE models are trained up to max_position_embeddings; longer needs a
+    # rope scaling entry in config.json (rope_type linear/dynamic/yarn/llama3).
+    if m.max_position_embeddings and lim.max_seq_len > m.max_position_embeddings and m.rope_scaling_type is None:
+        problems.append(Problem(where("limits.max_seq_len"), lim.max_seq_len,
+                                f"above the model's max_position_embeddings {m.max_position_embeddings} with no "
+                                "rope scaling", f"set limits.max_seq_len <= {m.max_position_embeddings}",
+                                code="seq_len_context"))
+    return problems
+
+
+def memory_problems(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> list[Problem]:
+    """Memory rules on the plan (TensorRT-LLM "Memory Usage of TensorRT-LLM"): weights + activations fit
+    the device, and the KV pool holds at least one max_seq_len sequence."""
+    where = build.where
+    s = build.settings
+    mem, kv = plan.memory, plan.memory.kv
+    problems: list[Problem] = []
+    dev = human_bytes(mem.device_bytes)
+    if mem.reserve_bytes + mem.weights_bytes_per_rank > mem.device_bytes:
+        problems.append(Problem(where("quantization.quant_algo"), s.quantization.quant_algo,
+                                f"weights take {human_bytes(mem.weights_bytes_per_rank)} per rank (+ "
+                                f"{human_bytes(mem.reserve_bytes)} runtime reserve), more than the {dev} of "
+                                f"'{target.name}'", "raise parallelism.tp_size/pp_size, quantize (int4_awq, fp8), "
+                                "or pick a target with more memory", code="weights_fit"))
+    elif mem.free_bytes_after_weights_and_activations <= 0:
+        problems.append(Problem(where("limits.max_num_tokens"), s.limits.max_num_tokens,
+                                f"weights {human_bytes(mem.weights_bytes_per_rank)} + activations "
+                                f"{human_bytes(mem.activation_bytes)} + reserve {human_bytes(mem.reserve_bytes)} "
+                                f"exceed the {dev} of '{target.name}'", "lower limits.max_num_tokens or "
+                                "limits.max_batch_size, or raise tp_size", code="activations_fit"))
+    elif target.kind == "cpu" and mem.total_bytes > mem.device_bytes:
+        problems.append(Problem(where("limits.max_batch_size"), s.limits.max_batch_size,
+                                f"weights + activations + KV ({human_bytes(mem.total_bytes)}) exceed the {dev} "
+                                f"budget of '{target.name}'", "lower limits.max_batch_size or limits.max_seq_len, "
+                                "or set serving.max_tokens_in_paged_kv_cache", code="memory_fit"))
+    elif kv.max_seq_len_sequences < 1:
+        capped = "max_tokens_in_paged_kv_cache" in kv.pool_source
+        field = "serving.max_tokens_in_paged_kv_cache" if capped else "serving.kv_cache_free_gpu_mem_fraction"
+        value = s.serving.max_tokens_in_paged_kv_cache if capped else s.serving.kv_cache_free_gpu_mem_fraction
+        need = kv.blocks_per_max_seq * kv.tokens_per_block
+        problems.append(Problem(where(field), value,
+                                f"the KV pool holds {kv.capacity_tokens} tokens ({kv.blocks} blocks), less than one "
+                                f"max_seq_len sequence ({need} tokens)",
+                                f"allow >= {need} tokens ({human_bytes(need * kv.bytes_per_token)}), lower "
+                                "limits.max_seq_len, or use an FP8 KV cache", code="kv_pool_one_seq"))
+    return problems
+
+
+def architecture_problems(hf_config: dict, where: str) -> list[Problem]:
+    """A Problem when config.json names an architecture the pipeline cannot export and read back
+    (plugins.architectures: others fail deep inside calibration or export, so they are refused up front)."""
+    archs = hf_config.get("architectures") or []
+    if archs and architecture(archs[0]) is None:
+        return [Problem("model.source", where, f"config.json architecture {archs[0]} is not supported (the "
+                        f"pipeline exports and reads back: {', '.join(ARCHITECTURES)})",
+                        "use a Llama-family checkpoint (Llama, Mistral, SmolLM2...)", code="architecture")]
+    return []
+
+
+def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128, osl: int = 128,
+              spec_checked: bool = False) -> Plan:
+    """Check every rule (spec, model, memory) and return the build's plan, computed once.
+
+    Args:
+        build, target: the resolved spec and its hardware profile.
+        hf_config: the model's config.json as a dict.
+        isl, osl: the workload shape whose concurrency the plan reports (tokens).
+        spec_checked: :func:`check` already ran (its rules are not run again).
+
+    Raises:
+        SpecError: every problem at once.
+    """
+    problems = [] if spec_checked else spec_problems(build, target)
+    problems += architecture_problems(hf_config, str(hf_config.get("_name_or_path", "config.json")))
+    if not problems or not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
+        problems += model_problems(build, hf_config)
+    plan = None
+    if not any(p.code in SHARDING_CODES + ("architecture",) for p in problems):
+        plan = compute_plan(build, target, hf_config, isl=isl, osl=osl)
+        problems += memory_problems(build, target, plan)
+    if problems:
+        raise SpecError(problems, build.spec_path)
+    return plan
+
+
+def check_model(build: ResolvedBuild, target: TargetProfile, hf_dir: Path) -> Plan:
+    """The plan of ``build`` for the model in ``hf_dir`` (the spec-only rules already checked); raise
+    SpecError when the spec does not fit that model on ``target``."""
+    return make_plan(build, target, read_hf_config(hf_dir), spec_checked=True)

@@ -1,0 +1,98 @@
+"""Quantization recipes: the registry every stage and rule asks, by trait, never by name.
+
+Each :class:`QuantRecipe` owns what a rule needs to know about it: the ModelOpt config that
+produces it, the ``quantization.quant_algo`` the TensorRT-LLM checkpoint records, the bytes of
+its weights and scales, and the hardware it needs. Adding a recipe is adding one entry to
+:data:`QUANT_RECIPES` (and its name to ``builders.spec.QuantName``; a test checks they agree).
+
+Sources: ModelOpt 0.47 ``modelopt/torch/quantization/config.py`` (the ``*_CFG`` names) and
+``modelopt/torch/export/model_config.py`` (the ``QUANTIZATION_*`` names); TensorRT-LLM 1.2
+``tensorrt_llm/quantization/mode.py`` (QuantAlgo) and ``tensorrt_llm/builder.py`` (which
+algorithms get FP8 context FMHA); the scale layouts follow TensorRT-LLM's checkpoint format
+(``docs/source/architecture/checkpoint.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class QuantRecipe:
+    """One quantization recipe.
+
+    Attributes:
+        name: our key (``fp8``, ``int4_awq``...), the spec's ``quantization.quant_algo``.
+        modelopt_cfg: name of the ModelOpt config in ``modelopt.torch.quantization`` (None: no quantization).
+        quant_algo: TensorRT-LLM ``quantization.quant_algo`` written in the checkpoint (None: unquantized).
+        weight_bits: bits per weight of quantized linear layers.
+        uses_group_size: whether ``group_size`` applies (INT4 block-wise recipes).
+        needs_calibration_data: whether ModelOpt runs a forward loop.
+        fp8_compute: FP8 tensor-core GEMMs or activations (needs SM >= 89; may use FP8 context FMHA).
+        int_weight_gemm: INT4/INT8 weight-only or SmoothQuant GEMM kernels (refused by trtllm-build 1.2 on
+            SM 100-119).
+        per_channel_scales: one FP32 scale per output channel (SmoothQuant) instead of per-tensor scales.
+        fused_mlp: trtllm-build keeps the gate+up GEMM fusion (unquantized and FP8 only).
+    """
+
+    name: str
+    modelopt_cfg: Optional[str]
+    quant_algo: Optional[str]
+    weight_bits: int
+    uses_group_size: bool = False
+    needs_calibration_data: bool = True
+    fp8_compute: bool = False
+    int_weight_gemm: bool = False
+    per_channel_scales: bool = False
+    fused_mlp: bool = False
+
+    @property
+    def quantized(self) -> bool:
+        """Whether linear weights are stored in fewer than 16 bits."""
+        return self.weight_bits < 16
+
+    def linear_bytes(self, n_in: int, n_out: int, group_size: int, dtype_bytes: int) -> tuple[int, int]:
+        """(weight bytes, scale bytes) of one linear layer shard ``n_in x n_out``.
+
+        16-bit: 2 B/param. FP8: 1 B/param + two per-tensor FP32 scales (weight, activation). INT8
+        SmoothQuant: 1 B/param + one FP32 scale per output channel + a per-tensor activation scale.
+        INT4 AWQ: 0.5 B/param, one 16-bit scale per ``group_size`` inputs per output
+        (``weights_scaling_factor (out, in/group)``) and a 16-bit ``prequant_scaling_factor (in,)``;
+        W4A8 (FP8 activations) adds two per-tensor FP32 scales. Layouts: TensorRT-LLM checkpoint format.
+        """
+        params = n_in * n_out
+        if not self.quantized:
+            return params * dtype_bytes, 0
+        weight = params * self.weight_bits // 8
+        if self.uses_group_size:
+            scales = n_out * _ceil_div(n_in, group_size) * dtype_bytes + n_in * dtype_bytes
+            return weight, scales + (2 * 4 if self.fp8_compute else 0)
+        if self.per_channel_scales:
+            return weight, n_out * 4 + 4
+        return weight, 2 * 4
+
+
+QUANT_RECIPES: dict[str, QuantRecipe] = {r.name: r for r in (
+    QuantRecipe("none", None, None, 16, needs_calibration_data=False, fused_mlp=True),
+    QuantRecipe("fp8", "FP8_DEFAULT_CFG", "FP8", 8, fp8_compute=True, fused_mlp=True),
+    QuantRecipe("int4_awq", "INT4_AWQ_CFG", "W4A16_AWQ", 4, uses_group_size=True, int_weight_gemm=True),
+    QuantRecipe("int4_rtn", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", 4, uses_group_size=True,
+                int_weight_gemm=True),
+    QuantRecipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", 4, uses_group_size=True, fp8_compute=True),
+    QuantRecipe("int8_sq", "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", 8, int_weight_gemm=True,
+                per_channel_scales=True),
+)}
+"""Every recipe by name; ``builders.spec.QuantName`` lists the same names."""
+
+KV_CACHE_RECIPES: dict[str, str] = {"fp8": "FP8_KV_CFG"}
+"""KV-cache quantization (spec ``kv_cache_quant_algo``) to its ModelOpt config name."""
+
+
+def recipe(name: str) -> QuantRecipe:
+    """The recipe called ``name`` (a key of :data:`QUANT_RECIPES`; the spec validated it)."""
+    return QUANT_RECIPES[name]
