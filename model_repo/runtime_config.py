@@ -1,6 +1,6 @@
 # Continuous-batching settings of the portable `pytorch` runtime: ONE function used by the served
 # model (spliced into tensorrt_llm_pytorch/1/model.py at package time, which cannot import the
-# project) and by anything that drives the same runtime in-process (scripts/bench_h200.py), so
+# project) and by anything that drives the same runtime in-process (scripts/bench/bench_h200.py), so
 # both run with exactly the same ContinuousBatchingConfig. Standard library + transformers only.
 
 

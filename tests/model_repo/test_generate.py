@@ -184,7 +184,7 @@ def test_plan_runtime_settings_are_what_the_repository_holds(fake_engine, tmp_pa
     from builders.plan import compute_plan
     from tests.conftest import hf_config
 
-    build = load_spec(REPO_ROOT / "configs/builds/bench-h200-smollm2.yaml", target,
+    build = load_spec(REPO_ROOT / "configs/builds/smollm2-135m.yaml", "cpu",
                       {"runtime": "pytorch", "limits": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048,
                                                         "max_num_tokens": 2048, "tokens_per_block": 32}})
     plan = compute_plan(build, get_target(target), hf_config("smollm2-135m"))

@@ -3,9 +3,9 @@
 #
 # build_manager() makes transformers' ContinuousBatchingManager with the runtime's settings and
 # sampling processors; model.py calls it in the stub (engine_process false) or starts this file as
-# its own process (engine_process true), so that the generation loop does not share the stub's
-# interpreter and GIL with returning tokens through the Python backend (the design of TensorRT-LLM's
-# executor proxy and vLLM's engine-core process). Measured reason: docs/benchmarks/h200.md.
+# its own process (engine_process true, the default), so that the generation loop does not share the
+# stub's interpreter and GIL with returning tokens through the Python backend (the design of
+# TensorRT-LLM's executor proxy and vLLM's engine-core process).
 #
 # Protocol over one socketpair (multiprocessing.connection, pickled tuples of plain values):
 #   stub -> worker  ("init", engine_dir, settings, device, dtype)   once, first
@@ -40,9 +40,8 @@ def build_manager(engine_dir, settings, device, dtype_name):
     """The model on ``device`` in ``dtype_name`` and its continuous-batching manager (not started).
 
     Returns (manager, table, info): the sampling RequestTable the processors read, and
-    {"default_end_ids", "pad_id", "vocab_size"} from the engine folder, "sdpa_backends" (the
-    attention kernels torch may pick in this process, after settings["sdpa_backends"]) and
-    "process" (:func:`process_facts` of the process that runs the generation loop).
+    {"default_end_ids", "pad_id", "vocab_size"} from the engine folder and "sdpa_backends" (the
+    attention kernels torch may pick in this process, after settings["sdpa_backends"]).
 
     Raises RuntimeError for device cuda where torch in this process sees no GPU.
     """
@@ -72,44 +71,7 @@ def build_manager(engine_dir, settings, device, dtype_name):
     table = sampling.RequestTable()
     sampling.install(manager, table)
     return manager, table, {"default_end_ids": end_ids, "pad_id": pad_id,
-                            "vocab_size": int(model.config.vocab_size), "sdpa_backends": sdpa,
-                            "process": process_facts()}
-
-
-_FACT_LIBS = ("libcublas", "libcudnn", "libcudart", "libnccl", "libnvrtc", "libtorch_cuda", "libpython",
-              "libgomp", "libiomp", "libjemalloc", "libtcmalloc")
-_FACT_ENV = ("OMP_", "MKL_", "CUDA_", "PYTORCH_", "TORCH_", "NCCL_", "LD_", "PYTHON", "MALLOC_", "KMP_")
-
-
-def process_facts():
-    """What decides this process's speed besides the code: interpreter, torch, threads, allowed CPUs,
-    the shared libraries it loaded (paths from /proc/self/maps) and the environment variables torch
-    and the C libraries read. Logged by the model at load and recorded by scripts/bench_h200.py for
-    its in-process runs, so a served worker and an in-process run can be compared fact by fact."""
-    import platform
-
-    import torch
-    import transformers
-
-    facts = {"python": _sys.executable, "python_version": platform.python_version(), "pid": _os.getpid(),
-             "torch": torch.__version__, "torch_file": torch.__file__, "transformers": transformers.__version__,
-             "cuda": torch.version.cuda,
-             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-             "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-             "cpus_allowed": len(_os.sched_getaffinity(0)) if hasattr(_os, "sched_getaffinity") else None,
-             "nice": _os.nice(0) if hasattr(_os, "nice") else None, "switch_interval_s": _sys.getswitchinterval(),
-             "env": {k: v for k, v in sorted(_os.environ.items()) if k.startswith(_FACT_ENV)}}
-    libs = set()
-    try:
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                path = line.rsplit(None, 1)[-1] if "/" in line else ""
-                if _os.path.basename(path).startswith(_FACT_LIBS):
-                    libs.add(path)
-    except OSError:
-        pass
-    facts["libs"] = sorted(libs)
-    return facts
+                            "vocab_size": int(model.config.vocab_size), "sdpa_backends": sdpa}
 
 
 def free_blocks(manager, num_blocks):

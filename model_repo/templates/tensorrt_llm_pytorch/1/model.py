@@ -11,7 +11,10 @@
 # In streaming mode each response carries the tokens generated since the previous one.
 # Decoding options (temperature, top_k, top_p, seed, penalties, min_tokens, log probs) are per
 # request: see sampling.py beside this file. num_return_sequences = n runs n sequences of one
-# request (each response names its sequence_index); beam search is refused.
+# request (each response names its sequence_index); beam search is refused. The batching settings
+# (KV pool, block size, batch token budget, cuda_graph_mode, library_defaults: transformers' own
+# sizing instead, sdpa_backends: the attention kernels torch may pick) are config.pbtxt parameters,
+# read by runtime_settings (model_repo/runtime_config.py, spliced in below).
 
 # @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
 # @@RUNTIME_CONFIG@@ (replaced at package time by model_repo/runtime_config.py: the CB settings)
@@ -136,10 +139,10 @@ def _worker_python():
 
 
 class _EngineProcess:
-    """engine_process = true: the manager calls model.py makes, forwarded to engine_worker.py in its own
-    process over a socketpair (protocol in that file). A receiver thread turns each step message into
-    outputs and routes them: it is this mode's dispatcher, and the only work this stub's interpreter
-    does per step."""
+    """The manager of engine_process = true: takes the calls model.py makes on a manager and forwards them
+    over a socketpair to engine_worker.py, which runs the generation loop in its own process (protocol in
+    that file). A receiver thread turns each step message into outputs and routes them; it is this
+    mode's dispatcher and the only per-step work in the stub's interpreter."""
 
     def __init__(self, owner, engine_dir, settings, device, dtype, python):
         import socket
@@ -313,8 +316,6 @@ class TritonPythonModel:
             f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens, "
             f"response dispatch {self.dispatch}, attention kernels torch may use {info.get('sdpa_backends')}, "
             f"settings {self.settings}")
-        # one line, for comparing the generation loop's process with another (scripts/h200_tables.py)
-        pb_utils.Logger.log_info(f"tensorrt_llm[pytorch]: generation process facts {_json.dumps(info.get('process'))}")
 
     def _start_routing(self, cfg):
         """Route the manager's per-step outputs (dispatcher thread, inline, or the engine process's
@@ -391,9 +392,8 @@ class TritonPythonModel:
     def _publish(self):
         """Push the request gauges, the counters' increments since the last call and the KV gauge to
         Triton. Called from the housekeeping thread every cancellation_check_period_ms, never per
-        token: each metric update is a round trip from this stub to the server, and per-token
-        updates competed with the generation thread for the GIL (measured: see
-        docs/benchmarks/h200.md, serving overhead)."""
+        token, because each metric update is a round trip from this stub to the server that would
+        compete with the generation thread for the GIL."""
         with self.lock:
             self.stats["queued"] = self.stats["inflight"] - self.stats["generating"]
             values = {k: self.stats[k] for k in ("inflight", "queued", "generating", "max_concurrent_generating")}

@@ -15,8 +15,7 @@
 # A greedy request without penalties or log probs is not touched by either: a batch of them costs
 # two Python loops over the batch at prepare time and nothing on the logits. (The library's own
 # per-request warpers sort the whole vocabulary for every row at every step, twice (top_k, top_p),
-# whatever the request asked for: measured as the largest cost of the generation loop on CPU, see
-# docs/benchmarks/h200.md "serving overhead".)
+# whatever the request asked for: the largest cost of the generation loop on CPU.)
 #
 # Both processors find a request's parameters through one int32 per request (a handle into
 # `RequestTable`), the per-request argument slot the library gives each CB processor.

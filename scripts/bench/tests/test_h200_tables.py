@@ -1,9 +1,9 @@
-"""scripts/h200_tables.py: the served counters over the measured requests, for old and new reports."""
+"""h200_tables.py: the served counters over the measured requests, for old and new reports."""
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/bench
 import h200_tables  # noqa: E402
 
 

