@@ -201,8 +201,7 @@ def cmd_stop(args) -> int:
               "Python-backend stub(s) killed")
     elif result.get("wait_s", 0) > 25:
         print(f"stopped after {result['wait_s']:.0f} s: tritonserver waited out its exit timeout (30 s) because a "
-              "model did not unload (seen intermittently with the ensemble after ordinary requests; its log says "
-              "'failed to stop server')")
+              "model did not unload (its log says 'failed to stop server')")
     else:
         print("stopped")
     return 0

@@ -21,7 +21,7 @@ class Problem:
         value: the value found (``None`` when the field is missing).
         rule: the rule, stated as a fact ("num_attention_heads (9) must be divisible by tp_size").
         fix: what to change, as an instruction.
-        code: a stable identifier of the rule, used by tests and ``--explain``.
+        code: a stable identifier of the rule (tests and tools match on it; messages may change).
     """
 
     field: str

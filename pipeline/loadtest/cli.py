@@ -41,10 +41,7 @@ def add_loadtest_parser(sub, add_build_args) -> None:
     g.add_argument("--duration", type=float, default=300.0, help="most seconds of sending per point (default 300)")
     g.add_argument("--warmup", type=int, default=2,
                    help="warm-up requests per point, not measured, sent in waves of the point's concurrency "
-                        "(default 2). With fixed lengths, a runtime that warms up per batch shape reads faster after a "
-                        "full wave (>= the concurrency) than varied traffic would see it (on an H200, torch's cuDNN "
-                        "attention: first visits up to 2.8x slower; the pytorch runtime leaves it out by default; "
-                        "docs/benchmarks/h200.md)")
+                        "(default 2); a full wave warms every batch shape the point will use")
     g.add_argument("--connections", type=int, default=1, help="gRPC streams per client process (default 1)")
     g.add_argument("--client-procs", type=int, default=1, help="client processes (default 1)")
     g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (default 300)")

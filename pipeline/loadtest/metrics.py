@@ -1,4 +1,5 @@
-"""Per-request timings -> summaries, exactly as shared/reference/loadtest.md defines them.
+"""Per-request timings -> summaries, as genai-perf (triton-inference-server/perf_analyzer, genai-perf/README.md
+"Metrics") and vLLM's benchmark_serving.py define them.
 
 Times are seconds on the client's monotonic clock. For each request:
 TTFT = first token-carrying response - request start; E2E = last response - request start;
