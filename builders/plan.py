@@ -328,7 +328,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
             reports (tokens).
 
     Returns:
-        The plan. Rules are checked separately by :func:`builders.preflight.plan_problems`.
+        The plan. Rules are checked by :func:`builders.preflight.make_plan`, which calls this.
     """
     s = build.settings
     q, par, lim, sv = s.quantization, s.parallelism, s.limits, s.serving

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from builders.layout import build_dir, build_root, resolve_build
 from plugins.errors import PipelineError, SpecError
+from plugins.recipes import QUANT_RECIPES
 
 log = logging.getLogger("trtpipe")
 DEFAULT_BUILD = "configs/builds/smollm2-135m.yaml"
@@ -33,8 +34,8 @@ def _add_build_args(p: argparse.ArgumentParser, positional: bool = True) -> None
         p.add_argument("--build", default=DEFAULT_BUILD, help=f"build YAML file (default: {DEFAULT_BUILD})")
     p.add_argument("--target", default="cpu", help="target name: a key of `targets` in the build file and a "
                                                    "profile in configs/targets/ (default: cpu)")
-    p.add_argument("--quant", default=None, help="override quantization.quant_algo (none, fp8, int4_awq, int4_rtn, "
-                                                 "w4a8_awq, int8_sq); outputs go to build/<name>/<target>-<quant>/")
+    p.add_argument("--quant", default=None, help=f"override quantization.quant_algo ({', '.join(QUANT_RECIPES)}); "
+                                                 "outputs go to build/<name>/<target>-<quant>/")
     p.add_argument("--out", type=Path, default=None, help="output root (default: build/)")
 
 

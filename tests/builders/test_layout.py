@@ -1,0 +1,43 @@
+"""Where outputs live (one root) and which spec fields decide which stage's cache key."""
+
+from __future__ import annotations
+
+import pytest
+
+from builders.layout import build_dir, build_root, resolve_build
+from builders.spec import decides
+from tests.conftest import DEFAULT_BUILD
+
+
+def test_project_root_is_trtpipe_home_or_the_current_directory(tmp_path, monkeypatch):
+    build = resolve_build(DEFAULT_BUILD, "cpu", "fp8")
+    monkeypatch.setenv("TRTPIPE_HOME", str(tmp_path / "home"))
+    assert build_dir(build, variant="fp8") == tmp_path / "home" / "build" / "smollm2-135m" / "cpu-fp8"
+    monkeypatch.delenv("TRTPIPE_HOME")
+    monkeypatch.chdir(tmp_path)
+    assert build_root() == tmp_path / "build"
+    assert build.settings.quantization.quant_algo == "fp8"
+
+
+def test_key_fields_are_the_declared_ones():
+    build = resolve_build(DEFAULT_BUILD, "cpu")
+    assert set(build.key_fields("checkpoint")) == {"model.decoder_type", "dtype", "quantization",
+                                                    "parallelism.tp_size", "parallelism.pp_size"}
+    assert set(build.key_fields("verify")) == {"quantization.calibration.dataset", "gates"}
+    assert set(build.key_fields("engine")) == {"runtime", "limits"}
+    assert set(build.key_fields("model_repo")) == {"serving"}
+    assert build.key_fields("engine")["limits"]["max_batch_size"] == build.settings.limits.max_batch_size
+
+
+def test_a_changed_field_changes_only_the_keys_it_decides():
+    base = resolve_build(DEFAULT_BUILD, "cpu")
+    port = base.model_copy(update={"settings": base.settings.model_copy(update={
+        "serving": base.settings.serving.model_copy(update={"http_port": 9000})})})
+    assert port.key_fields("checkpoint") == base.key_fields("checkpoint")
+    assert port.key_fields("engine") == base.key_fields("engine")
+    assert port.key_fields("model_repo") != base.key_fields("model_repo")
+
+
+def test_decides_refuses_an_unknown_stage():
+    with pytest.raises(ValueError, match="unknown stage"):
+        decides("enigne")

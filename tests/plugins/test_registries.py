@@ -1,0 +1,67 @@
+"""The registries agree with what they name: templates, target profiles, ModelOpt configs, the spec."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from builders.spec import BuildSettings, QuantizationConfig
+from model_repo.generate import TEMPLATES
+from plugins.architectures import ARCHITECTURES, architecture
+from plugins.recipes import QUANT_RECIPES
+from plugins.runtimes import RUNTIMES, kv_slots
+from plugins.targets import registry
+
+
+def test_spec_choices_are_the_registry_keys():
+    assert typing.get_args(BuildSettings.model_fields["runtime"].annotation) == tuple(RUNTIMES)
+    assert typing.get_args(QuantizationConfig.model_fields["quant_algo"].annotation) == tuple(QUANT_RECIPES)
+
+
+@pytest.mark.parametrize("name", sorted(RUNTIMES))
+def test_each_runtime_has_its_template_and_engine_stage(name):
+    from pipeline.build import ENGINE_STAGES
+
+    rt = RUNTIMES[name]
+    assert (TEMPLATES / rt.template / "config.pbtxt").is_file()
+    assert rt.engine in ENGINE_STAGES
+    assert not rt.builds_trt_engine or rt.sharded  # a TensorRT engine is always sharded over tp x pp
+
+
+def test_every_target_names_known_runtimes():
+    for target in registry().values():
+        assert set(target.runtimes) <= set(RUNTIMES), target.name
+
+
+@pytest.mark.slow  # imports ModelOpt
+@pytest.mark.parametrize("name", sorted(QUANT_RECIPES))
+def test_each_recipe_names_a_modelopt_config(name):
+    import modelopt.torch.quantization as mtq
+
+    cfg = QUANT_RECIPES[name].modelopt_cfg
+    assert cfg is None or isinstance(getattr(mtq, cfg), dict)
+
+
+def test_recipe_bytes_follow_their_traits():
+    # 4096 x 4096 shard, group 128, fp16 scales: INT4 AWQ = 0.5 B/param + per-group scales + prequant scale
+    w, s = QUANT_RECIPES["int4_awq"].linear_bytes(4096, 4096, 128, 2)
+    assert w == 4096 * 4096 // 2 and s == 4096 * 32 * 2 + 4096 * 2
+    w8, s8 = QUANT_RECIPES["w4a8_awq"].linear_bytes(4096, 4096, 128, 2)
+    assert (w8, s8) == (w, s + 8)  # W4A8 adds the two per-tensor FP32 scales of its FP8 activations
+    assert QUANT_RECIPES["int8_sq"].linear_bytes(4096, 1024, 128, 2) == (4096 * 1024, 1024 * 4 + 4)
+    assert QUANT_RECIPES["none"].linear_bytes(4096, 1024, 128, 2) == (4096 * 1024 * 2, 0)
+
+
+def test_unknown_architecture_is_none_and_known_ones_have_the_llama_shards():
+    assert architecture("GPTNeoXForCausalLM") is None
+    for arch in ARCHITECTURES.values():
+        shards = arch.linear_shards(hidden_size=64, heads_rank=4, kv_heads_rank=2, head_dim=16, intermediate_rank=128)
+        assert [(s.n_in, s.n_out) for s in shards] == [(64, 128), (64, 64), (64, 128), (64, 128), (128, 64)]
+
+
+def test_kv_slots_one_rule():
+    assert kv_slots(8, 2048) == (8 * 2048, kv_slots(8, 2048)[1])
+    assert kv_slots(8, 2048, cap=1000)[0] == 1000
+    assert kv_slots(8, 2048, pool_tokens=50000)[0] == 50000
+    assert kv_slots(8, 2048, cap=1000, pool_tokens=50000)[0] == 1000  # the spec's cap wins
