@@ -23,7 +23,8 @@ def runtime_settings(params, build_config):
     max_queue_size, allow_block_sharing, use_cuda_graph, use_async_batching, library_defaults,
     sdpa_backends (a list of SDPA_BACKENDS names, or None for torch's own choice).
 
-    Raises ValueError for async_batching true or an unknown sdpa_backends name.
+    Raises ValueError for async_batching true, an unknown sdpa_backends name, or no
+    max_tokens_in_paged_kv_cache.
     """
     def get(key, default=None):
         value = params.get(key)
@@ -31,8 +32,12 @@ def runtime_settings(params, build_config):
 
     s = {k: int(get(k, build_config[k])) for k in
          ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "tokens_per_block")}
+    # The KV slots are the repository's (the generator writes them by plugins/runtimes.py kv_slots, the one rule).
     kv_tokens = get("max_tokens_in_paged_kv_cache")
-    kv_tokens = int(kv_tokens) if kv_tokens else s["max_batch_size"] * s["max_seq_len"]
+    if not kv_tokens:
+        raise ValueError("max_tokens_in_paged_kv_cache is missing from the tensorrt_llm model's parameters: "
+                         "regenerate the repository with `trtpipe build`")
+    kv_tokens = int(kv_tokens)
     s["num_blocks"] = max(1, -(-kv_tokens // s["tokens_per_block"]))
     s["max_queue_size"] = int(get("max_queue_size", "0"))
     s["allow_block_sharing"] = _flag(get("enable_kv_cache_reuse"), False)

@@ -1,36 +1,27 @@
-"""The portable runtime's settings (model_repo/runtime_config.py) and the manager the served model, its
-engine worker and the in-process bench all build (tensorrt_llm_pytorch/1/engine_worker.build_manager):
-a real transformers ContinuousBatchingManager with a tiny random Llama, no server."""
+"""The portable runtime's settings (model_repo/runtime_config.py), the attention-kernel switches they set,
+and the CUDA check of the manager the served model, its engine worker and the in-process bench all build
+(tensorrt_llm_pytorch/1/engine_worker.build_manager), on a tiny random Llama, no server."""
 
 from __future__ import annotations
 
 import pytest
 
 from model_repo.generate import load_template_module
-from model_repo.runtime_config import SDPA_BACKENDS, runtime_settings
+from model_repo.runtime_config import SDPA_BACKENDS, apply_sdpa_backends, runtime_settings
 
 BUILD = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256, "tokens_per_block": 16}
-PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 1789, 30]
+KV = {"max_tokens_in_paged_kv_cache": "512"}  # the generator always writes it (plugins.runtimes.kv_slots)
 
 
 @pytest.mark.parametrize("value, expected", [("", None), ("auto", None), ("math", ["math"]),
                                              (" flash, mem_efficient ", ["flash", "mem_efficient"])])
 def test_sdpa_backends_setting(value, expected):
-    assert runtime_settings({"sdpa_backends": value}, BUILD)["sdpa_backends"] == expected
-
-
-def test_default_attention_kernels_are_all_but_cudnn():
-    """The repository's default (plan.PORTABLE_RUNTIME_CHOICES, written into config.pbtxt) keeps torch from
-    cuDNN attention, whose per-shape plans made first visits of a batch shape slow on the H200."""
-    from plugins.runtimes import PORTABLE_RUNTIME_CHOICES
-
-    params = {name: value for name, value, _ in PORTABLE_RUNTIME_CHOICES}
-    assert sorted(runtime_settings(params, BUILD)["sdpa_backends"]) == sorted(set(SDPA_BACKENDS) - {"cudnn"})
+    assert runtime_settings({**KV, "sdpa_backends": value}, BUILD)["sdpa_backends"] == expected
 
 
 def test_unknown_sdpa_backend_names_the_value_and_the_choices():
     with pytest.raises(ValueError) as err:
-        runtime_settings({"sdpa_backends": "flash,fa3"}, BUILD)
+        runtime_settings({**KV, "sdpa_backends": "flash,fa3"}, BUILD)
     assert "fa3" in str(err.value) and all(name in str(err.value) for name in SDPA_BACKENDS)
 
 
@@ -44,33 +35,15 @@ def restore_sdpa_flags():
         getattr(torch.backends.cuda, f"enable_{name}_sdp")(on)
 
 
-def _greedy(engine, settings, n=8):
-    manager, _, info = engine.build_manager(settings["dir"], settings, "cpu", "float32")
-    manager.start()
-    try:
-        manager.add_request(PROMPT, request_id="r", max_new_tokens=n, eos_token_id=[10**6])
-        while True:
-            res = manager.get_result(request_id="r", timeout=60)
-            assert res is not None, "no result within 60 s"
-            if res.is_finished():
-                return list(res.generated_tokens), info
-    finally:
-        manager.stop(block=True)
-
-
-def test_restricted_attention_kernels_give_the_same_tokens(tiny_llama, restore_sdpa_flags):
-    """sdpa_backends = math: torch may use only the math kernel in this process (what the log reports),
-    and greedy decoding gives the tokens of torch's own choice."""
+def test_sdpa_backends_set_exactly_the_chosen_torch_flags(restore_sdpa_flags):
+    """The process-wide switches follow the setting (None leaves them), and the report reads them back."""
     import torch
 
-    engine = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker_test")
-    base = dict(runtime_settings({}, BUILD), dir=str(tiny_llama))
-    tokens, info = _greedy(engine, base)
-    assert len(tokens) == 8 and info["sdpa_backends"] == [n for n in SDPA_BACKENDS
-                                                          if getattr(torch.backends.cuda, f"{n}_sdp_enabled")()]
-    math_only, info = _greedy(engine, dict(runtime_settings({"sdpa_backends": "math"}, BUILD), dir=str(tiny_llama)))
-    assert info["sdpa_backends"] == ["math"] and not torch.backends.cuda.flash_sdp_enabled()
-    assert math_only == tokens
+    assert apply_sdpa_backends({"sdpa_backends": ["math"]}) == ["math"]
+    assert torch.backends.cuda.math_sdp_enabled() and not torch.backends.cuda.flash_sdp_enabled()
+    assert apply_sdpa_backends({"sdpa_backends": None}) == ["math"]
+    assert apply_sdpa_backends({"sdpa_backends": ["flash", "cudnn"]}) == ["flash", "cudnn"]
+    assert not torch.backends.cuda.math_sdp_enabled()
 
 
 def test_cuda_without_a_gpu_is_refused_where_the_model_loads(tiny_llama):
@@ -81,4 +54,10 @@ def test_cuda_without_a_gpu_is_refused_where_the_model_loads(tiny_llama):
         pytest.skip("a GPU is visible")
     engine = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker_test")
     with pytest.raises(RuntimeError, match="sees no GPU in the process that runs the generation loop"):
-        engine.build_manager(str(tiny_llama), runtime_settings({}, BUILD), "cuda", "float32")
+        engine.build_manager(str(tiny_llama), runtime_settings(dict(KV), BUILD), "cuda", "float32")
+
+
+def test_kv_slots_are_the_repositorys_and_required():
+    assert runtime_settings(dict(KV), BUILD)["num_blocks"] == 512 // 16
+    with pytest.raises(ValueError, match="max_tokens_in_paged_kv_cache is missing"):
+        runtime_settings({}, BUILD)
