@@ -27,7 +27,7 @@ help:
 	@echo "make loadtest       ARGS='--concurrency 1,2 --num-requests 16': load-test the ensemble (starts the server unless running)"
 	@echo "make stop           stop the server started by make serve"
 	@echo "make test           the whole test suite (builds the default once, starts real tritonserver instances)"
-	@echo "make test-fast      unit tests only (no server, no ModelOpt calibration on the real model)"
+	@echo "make test-fast      the tests not marked e2e or slow: no tritonserver, no ModelOpt, no real build (under 2 min on 2 cores)"
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh

@@ -69,25 +69,35 @@ def default_server(built_default, tmp_path_factory):
     server.stop()
 
 
-def _smollm2_tokenizer_dir() -> Path:
+def smollm2_tokenizer_dir() -> Path:
+    """The embedded SmolLM2-135M-Instruct folder (its real tokenizer, chat template, generation config)."""
     from builders.model_fetch import fetch_embedded
 
     return fetch_embedded("smollm2-135m-instruct")
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory) -> Path:
-    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads) with the SmolLM2 tokenizer (vocab 49152)."""
+
+
+def tiny_llama_model(*, vocab: int = 49152, hidden: int = 64, intermediate: int = 128, layers: int = 2,
+                     heads: int = 4, kv_heads: int = 2, max_positions: int = 4096, tie: bool = True, **config):
+    """A random LlamaForCausalLM (torch seed 0, eval mode) of the given shape; ``config`` adds LlamaConfig
+    fields. The defaults are the shape of the ``tiny_llama`` fixture."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    LlamaForCausalLM(cfg).save_pretrained(str(out))
-    src = _smollm2_tokenizer_dir()
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                      tie_word_embeddings=tie, **config)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads) with the SmolLM2 tokenizer (vocab 49152), saved to a folder."""
+    out = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama_model(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(str(out))
+    src = smollm2_tokenizer_dir()
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                  "chat_template.jinja"):
         if (src / name).is_file():

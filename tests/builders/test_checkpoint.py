@@ -1,13 +1,24 @@
 """Reading TensorRT-LLM checkpoints back: INT4 unpacking against ModelOpt's packer, and an
-unquantized ModelOpt export that round-trips bit-exactly into HF layout."""
+unquantized ModelOpt export that round-trips bit-exactly into HF layout (both marked slow: they
+import ModelOpt, which calibrates nothing here but costs seconds; the nibble layout is also pinned
+without it)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from builders.checkpoint import dequantize_linear, to_hf_state_dict, unpack_int4
+from tests.conftest import tiny_llama_model
 
 
+def test_unpack_int4_reads_the_low_nibble_as_the_even_row():
+    """ModelOpt's layout (pack_int4_in_uint8): byte [j, i] holds row 2j low, row 2j+1 high, two's complement."""
+    packed = torch.tensor([[0x21, 0x8F], [0x7E, 0x08]], dtype=torch.uint8).view(torch.int8)
+    assert unpack_int4(packed).tolist() == [[1, -1], [2, -8], [-2, -8], [7, 0]]
+
+
+@pytest.mark.slow  # imports ModelOpt's packer
 def test_unpack_int4_inverts_modelopt_packing():
     from modelopt.torch.export.quant_utils import pack_int4_in_uint8
 
@@ -32,21 +43,11 @@ def test_prequant_scale_is_folded_into_the_weight():
     assert torch.allclose(x @ deq.T, (x * pqs.float()) @ w.float().T, atol=1e-5)
 
 
-def _tiny_llama(tmp_path, heads=4, kv_heads=2, layers=2):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
-                      tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg).to(torch.float16)
-    return model
-
-
+@pytest.mark.slow  # ModelOpt's TensorRT-LLM checkpoint export
 def test_unquantized_export_round_trips_bit_exactly(tmp_path):
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
-    model = _tiny_llama(tmp_path)
+    model = tiny_llama_model(vocab=256, max_positions=128, tie=False).to(torch.float16)
     export_tensorrt_llm_checkpoint(model, "llama", torch.float16, str(tmp_path / "ckpt"),
                                    inference_tensor_parallel=1, inference_pipeline_parallel=1)
     sd, info = to_hf_state_dict(tmp_path / "ckpt")

@@ -6,7 +6,7 @@ the single-rank tensors, and an unquantized model round-trips bit-exactly), and 
 reader's dequantized weights are ModelOpt's own fake-quant weights.
 
 One model is quantized per recipe (module-scoped) and exported for each mapping; the whole
-file runs in well under a minute on 2 cores.
+file runs in well under a minute on 2 cores (marked slow: ModelOpt calibration and export in every test).
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ import torch
 
 from builders.checkpoint import to_hf_state_dict
 from builders.quantize import export_checkpoint, quantize_model
+from tests.conftest import tiny_llama_model
+
+pytestmark = pytest.mark.slow  # ModelOpt quantize/export of a tiny model in every test
 
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, VOCAB, GROUP = 128, 256, 2, 4, 2, 512, 64
 HEAD = HIDDEN // HEADS
@@ -36,14 +39,9 @@ LINEARS = {  # checkpoint name: (HF names, parallel style)
 }
 
 
-def tiny_llama(vocab: int = VOCAB, kv_heads: int = KV_HEADS, tie: bool = False):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-                      num_attention_heads=HEADS, num_key_value_heads=kv_heads, vocab_size=vocab,
-                      max_position_embeddings=128, tie_word_embeddings=tie)
-    return LlamaForCausalLM(cfg).eval()
+def tiny_model(vocab: int = VOCAB):
+    return tiny_llama_model(vocab=vocab, hidden=HIDDEN, intermediate=INTER, layers=LAYERS, heads=HEADS,
+                            kv_heads=KV_HEADS, max_positions=128, tie=False)
 
 
 def calib_samples(n: int = 2, seq: int = 16, vocab: int = VOCAB) -> list[list[int]]:
@@ -74,7 +72,7 @@ class Quantized:
     def model(self, recipe):
         if recipe not in self.models:
             quant, kv = recipe
-            m = tiny_llama()
+            m = tiny_model()
             quantize_model(m, quant_algo=quant, group_size=GROUP, kv_cache_quant_algo=kv,
                            calib_samples=calib_samples())
             self.models[recipe], self.fake[recipe] = m, fake_quant_weights(m)
@@ -193,7 +191,7 @@ def test_every_mapping_reads_back_to_the_single_rank_weights(quantized, recipe):
 @pytest.mark.parametrize("tp,pp", MAPPINGS + [(4, 1)], ids=[f"tp{t}pp{p}" for t, p in MAPPINGS + [(4, 1)]])
 def test_unquantized_round_trip_is_bit_exact(tmp_path, tp, pp):
     """fp16 source -> checkpoint -> reader gives the very same bits (tp=4 duplicates the 2 KV heads)."""
-    model = tiny_llama().to(torch.float16)
+    model = tiny_model().to(torch.float16)
     export_checkpoint(model, tmp_path / "ckpt", quant_algo="none", group_size=GROUP, dtype="float16",
                       tp_size=tp, pp_size=pp, decoder_type="llama")
     if tp == 4:
@@ -267,7 +265,7 @@ def test_dequantized_weights_match_modelopt_fake_quant(quantized, quant):
 
 def test_awq_vocab_padding_is_cut_off(tmp_path):
     """ModelOpt pads AWQ embeddings/lm_head to a multiple of 64 (500 -> 512); the reader trims to the source."""
-    model = tiny_llama(vocab=500)
+    model = tiny_model(vocab=500)
     quantize_model(model, quant_algo="int4_rtn", group_size=GROUP, kv_cache_quant_algo=None,
                    calib_samples=calib_samples(vocab=500))
     export_checkpoint(model, tmp_path / "ckpt", quant_algo="int4_rtn", group_size=GROUP, dtype="float16",

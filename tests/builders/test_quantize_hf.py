@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from builders.quantize_hf import quantize_to_hf_checkpoint
+
+pytestmark = pytest.mark.slow  # ModelOpt fp8 calibration and unified HF export
 
 
 def test_unified_hf_export_writes_a_quantized_hf_folder(tiny_llama, tmp_path):

@@ -7,26 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 import yaml
 
 from plugins.errors import StageError
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory):
-    """A seeded random Llama (hidden 64, 2 layers) with SmolLM2's real tokenizer (vocab 49152)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from builders.model_fetch import copy_tokenizer, resolve_source
-
-    folder = tmp_path_factory.mktemp("tiny-hf")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=49152, max_position_embeddings=512, tie_word_embeddings=True)
-    LlamaForCausalLM(cfg).save_pretrained(str(folder))
-    copy_tokenizer(resolve_source("embedded:smollm2-135m-instruct"), folder)
-    return folder
+from tests.conftest import tiny_llama_model
 
 
 def write_build(tmp_path, source, **gates) -> "object":
@@ -42,12 +26,13 @@ def write_build(tmp_path, source, **gates) -> "object":
     return path, load_spec(path, "cpu")
 
 
-def test_too_tight_gate_fails_the_build_and_leaves_no_verify_folder(tmp_path, tiny_hf, capsys):
+@pytest.mark.slow  # a real fp8 tp2 x pp2 build: ModelOpt calibration and export
+def test_too_tight_gate_fails_the_build_and_leaves_no_verify_folder(tmp_path, tiny_llama, capsys):
     from builders.layout import build_dir
     from pipeline.build import run_build
     from pipeline.cli import main
 
-    _, build = write_build(tmp_path, tiny_hf, max_mean_kl=0.0, min_top1_agreement=0.5)
+    _, build = write_build(tmp_path, tiny_llama, max_mean_kl=0.0, min_top1_agreement=0.5)
     out = build_dir(build, tmp_path / "out")
     with pytest.raises(StageError) as exc:
         run_build(build, out_root=tmp_path / "out", progress=False)
@@ -60,7 +45,7 @@ def test_too_tight_gate_fails_the_build_and_leaves_no_verify_folder(tmp_path, ti
     assert not list(out.glob(".verify*"))
 
     # Relaxed gates: the CLI reuses the checkpoint, runs verify only, and prints the table.
-    path, build = write_build(tmp_path, tiny_hf, max_mean_kl=1.0, max_perplexity_delta_pct=50.0)
+    path, build = write_build(tmp_path, tiny_llama, max_mean_kl=1.0, max_perplexity_delta_pct=50.0)
     assert main(["verify", str(path), "--target", "cpu", "--out", str(tmp_path / "out"), "--no-progress"]) == 0
     printed = capsys.readouterr().out
     assert "top-1 agreement" in printed and "gates.max_mean_kl" in printed and "PASS" in printed
@@ -74,14 +59,10 @@ def test_too_tight_gate_fails_the_build_and_leaves_no_verify_folder(tmp_path, ti
 
 
 def test_identical_models_score_perfectly():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from builders.verify import check_gates, compare_models
     from builders.spec import QualityGate
 
-    torch.manual_seed(0)
-    m = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                     num_attention_heads=2, num_key_value_heads=1, vocab_size=100)).eval()
+    m = tiny_llama_model(vocab=100, hidden=32, intermediate=64, layers=1, heads=2, kv_heads=1, tie=False)
     metrics = compare_models(m, m, [list(range(20)), list(range(20, 40))])
     assert metrics["perplexity_delta_pct"] == 0 and metrics["top1_agreement"] == 1.0
     assert metrics["mean_kl"] == 0 and metrics["max_logit_error"] == 0 and metrics["positions"] == 38

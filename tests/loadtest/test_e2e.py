@@ -1,5 +1,6 @@
-"""End to end against the real tritonserver: the trivial-stream repository (runs in CI), and
-the SmolLM2 build (marked e2e; needs the lead's ``built_default`` fixture)."""
+"""End to end against the real tritonserver: the trivial-stream repository (the ``trivial`` fixture),
+and the SmolLM2 build (needs the ``built_default`` fixture): marked e2e. One test checks the arguments refused
+before any server is reached."""
 
 import json
 from pathlib import Path
@@ -32,6 +33,7 @@ def _complete(out: Path, n_points: int) -> dict:
     return rep
 
 
+@pytest.mark.e2e
 def test_closed_loop_sweep_report(trivial, tmp_path):
     url, metrics = trivial
     cfg = LoadTestConfig(url=url, metrics_url=metrics, mode="closed", concurrency=[1, 4], num_requests=12,
@@ -47,6 +49,7 @@ def test_closed_loop_sweep_report(trivial, tmp_path):
         assert len(warm) == 1 and -60 < warm[0]["scheduled"] <= warm[0]["sent"] < warm[0]["done"] <= 0.5, warm
 
 
+@pytest.mark.e2e
 def test_server_counters_leave_out_warmup_with_client_processes(trivial):
     """Two client processes, each with a warm-up request: the snapshot is taken when both are warm."""
     url, metrics = trivial
@@ -58,6 +61,7 @@ def test_server_counters_leave_out_warmup_with_client_processes(trivial):
     assert p["server_metrics"]["counter_deltas"]["nv_inference_request_success{model=ensemble}"] == 8
 
 
+@pytest.mark.e2e
 def test_open_loop_cli_and_compare(trivial, tmp_path, capsys):
     url, metrics = trivial
     args = ["loadtest", "run", "--url", url, "--metrics-url", metrics, "--rate", "10,20", "--burstiness", "0.5",
@@ -73,18 +77,21 @@ def test_open_loop_cli_and_compare(trivial, tmp_path, capsys):
     assert "TTFT p50" in capsys.readouterr().out
 
 
+@pytest.mark.e2e
 def test_slo_miss_exits_1(trivial, tmp_path):
     url, _ = trivial
     assert main(["loadtest", "run", "--url", url, "--concurrency", "2", "--num-requests", "4", "--output-len", "3",
                  "--slo-e2e-ms", "0.001", "--no-plots", "-o", str(tmp_path)]) == 1
 
 
+@pytest.mark.e2e
 def test_selfcheck_reports_a_ceiling(trivial):
     url, metrics = trivial
     res = selfcheck([10.0, 20.0], output_len=4, seconds_per_rate=1.0, url=url, metrics_url=metrics, min_requests=10)
     assert res["ceiling_rps"] == 20.0 and all(r["kept_up"] for r in res["rows"])
 
 
+@pytest.mark.e2e
 def test_client_bound_run_is_marked_invalid(trivial, tmp_path):
     url, _ = trivial
     cfg = LoadTestConfig(url=url, mode="open", rate=[50.0], num_requests=10, output_len="2", input_len="4",
@@ -94,15 +101,20 @@ def test_client_bound_run_is_marked_invalid(trivial, tmp_path):
     assert "ceiling" in rep["points"][0]["validity"]["reasons"][0]
 
 
-def test_bad_arguments_give_clear_errors(trivial, capsys):
+@pytest.mark.e2e
+def test_a_model_the_server_lacks_is_refused(trivial):
     url, _ = trivial
     with pytest.raises(LoadTestError, match="not in the server's repository"):
         run_loadtest(LoadTestConfig(url=url, model="nope"))
+
+
+def test_bad_arguments_and_no_server_give_clear_errors(capsys):
+    """No server needed: arguments are checked first, and a URL nothing listens on is named."""
+    url = f"127.0.0.1:{free_ports(1)[0]}"
     with pytest.raises(LoadTestError, match="fixed_output"):
         run_loadtest(LoadTestConfig(url=url, fixed_output="bogus"))
-    port = free_ports(1)[0]
     with pytest.raises(LoadTestError, match="cannot reach Triton"):
-        run_loadtest(LoadTestConfig(url=f"127.0.0.1:{port}"))
+        run_loadtest(LoadTestConfig(url=url))
     assert main(["loadtest", "run", "--url", url, "--rate", "-3"]) == 2
     assert "rate" in capsys.readouterr().err
 

@@ -19,7 +19,7 @@ from plugins.targets import get_target
 @pytest.fixture
 def fake_engine(tmp_path):
     """An engine folder as the pytorch engine stage writes it, without weights (SmolLM2's tokenizer)."""
-    from tests.conftest import _smollm2_tokenizer_dir
+    from tests.conftest import smollm2_tokenizer_dir
 
     eng = tmp_path / "engine"
     eng.mkdir()
@@ -28,7 +28,7 @@ def fake_engine(tmp_path):
         "build_config": {"max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 2048, "max_num_tokens": 2048,
                          "max_beam_width": 1, "tokens_per_block": 32},
         "pretrained_config": {"vocab_size": 49152}}))
-    src = _smollm2_tokenizer_dir()
+    src = smollm2_tokenizer_dir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy2(src / name, eng / name)
     (eng / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 2}))
@@ -132,13 +132,13 @@ def test_each_cross_check_refuses_an_inconsistent_repository(fake_engine, tmp_pa
 @pytest.fixture
 def trtllm_engine(tmp_path):
     from builders.engine_trtllm import TRTLLM_VERSION
-    from tests.conftest import _smollm2_tokenizer_dir
+    from tests.conftest import smollm2_tokenizer_dir
 
     eng = tmp_path / "trt-engine"
     tok = eng / "tokenizer"
     tok.mkdir(parents=True)
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy2(_smollm2_tokenizer_dir() / name, tok / name)
+        shutil.copy2(smollm2_tokenizer_dir() / name, tok / name)
     (tok / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "pad_token_id": 2}))
 
     def write(version=TRTLLM_VERSION, paged_ctx=True):

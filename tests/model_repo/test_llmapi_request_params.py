@@ -16,7 +16,7 @@ from model_repo.generate import (PASS_OUTPUTS, TEMPLATES, load_template_module, 
                                  write_repository)
 from builders.spec import load_spec
 from plugins.targets import get_target
-from tests.conftest import _smollm2_tokenizer_dir, write_spec
+from tests.conftest import smollm2_tokenizer_dir, write_spec
 
 _path = TEMPLATES / "tensorrt_llm_llmapi" / "1" / "request_params.py"
 TRITON_NP = {"TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_FP32": "float32", "TYPE_BOOL": "bool"}
@@ -137,7 +137,7 @@ def test_llmapi_repository_carries_the_mapping_and_its_model_compiles(tmp_path):
     tok = tmp_path / "tok"
     tok.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy2(_smollm2_tokenizer_dir() / name, tok / name)
+        shutil.copy2(smollm2_tokenizer_dir() / name, tok / name)
     (tok / "generation_config.json").write_text('{"eos_token_id": 2}')
     build = load_spec(write_spec(tmp_path / "b.yaml", tok, runtime="trtllm-llmapi"), "h100")
     limits = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,

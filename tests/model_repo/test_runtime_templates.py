@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import shutil
+import sys
+import types
 
 import pytest
 
-from model_repo.generate import TEMPLATES, write_repository, plan_repository
+from model_repo.generate import load_template_module, write_repository, plan_repository
 from builders.spec import load_spec
 from plugins.targets import get_target
-from tests.conftest import _smollm2_tokenizer_dir, write_spec
+from tests.conftest import smollm2_tokenizer_dir, write_spec
 
 LIMITS = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256,
           "max_beam_width": 1, "tokens_per_block": 32}
@@ -20,7 +22,7 @@ def test_repository_for_gpu_runtimes(tmp_path, runtime):
     tok = tmp_path / "tok"
     tok.mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy2(_smollm2_tokenizer_dir() / name, tok / name)
+        shutil.copy2(smollm2_tokenizer_dir() / name, tok / name)
     (tok / "generation_config.json").write_text('{"eos_token_id": [2, 0], "pad_token_id": 2}')
     build = load_spec(write_spec(tmp_path / "b.yaml", tok, runtime=runtime), "h100")
     plan = plan_repository(build, get_target("h100"), None, tmp_path / "engine", tokenizer_dir=tok, engine_built=False)
@@ -45,6 +47,22 @@ def test_repository_for_gpu_runtimes(tmp_path, runtime):
     assert llm.model_transaction_policy.decoupled
 
 
-def test_llmapi_model_reports_missing_tensorrt_llm():
-    text = (TEMPLATES / "tensorrt_llm_llmapi" / "1" / "model.py").read_text()
-    assert "TritonModelException" in text and "needs TensorRT-LLM" in text
+def test_llmapi_model_reports_missing_tensorrt_llm(monkeypatch):
+    """Without tensorrt_llm in the backend's interpreter, initialize fails with Triton's model exception,
+    naming what is missing and the way out."""
+
+    class TritonModelException(Exception):
+        pass
+
+    pb_utils = types.ModuleType("triton_python_backend_utils")
+    pb_utils.TritonModelException = TritonModelException
+    pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb_utils)
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # import fails, installed or not
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
+    for name in ("trtpipe_llmapi_model_test", "trtpipe_llmapi_request_params"):  # dropped again afterwards
+        monkeypatch.setitem(sys.modules, name, None)
+    model = load_template_module("tensorrt_llm_llmapi/1/model.py", "trtpipe_llmapi_model_test")
+    with pytest.raises(TritonModelException, match="needs TensorRT-LLM") as err:
+        model.TritonPythonModel().initialize({"model_config": "{}"})
+    assert "runtime: pytorch" in str(err.value) and isinstance(err.value.__cause__, ImportError)
