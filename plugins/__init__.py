@@ -1,5 +1,3 @@
-"""TensorRT-LLM plugin and feature resolution (see :mod:`plugins.resolve`)."""
-
-from plugins.resolve import PluginDecision, resolve_plugins
-
-__all__ = ["PluginDecision", "resolve_plugins"]
+"""What the stages ask, the ground floor: the registries (``recipes``, ``runtimes``, ``architectures``,
+``targets``), the trtllm-build plugin resolver and SM gates (``resolve``), and ``errors`` / ``fsutil``.
+Imports nothing of the other packages."""
