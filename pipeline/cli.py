@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-from builders.layout import build_dir, build_root, resolve_build
 from plugins.errors import PipelineError, SpecError
 from plugins.recipes import QUANT_RECIPES
 
@@ -45,13 +44,27 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _resolve(args):
+    """The build file of ``args`` resolved for ``--target`` with ``--quant`` applied (builders.layout)."""
+    from builders.layout import resolve_build  # imported when needed: `trtpipe --help` stays fast
+
+    return resolve_build(args.build, args.target, args.quant)
+
+
+def _folder(args, build) -> Path:
+    """Where that build's outputs live (``--out``, ``--quant`` variant)."""
+    from builders.layout import build_dir
+
+    return build_dir(build, args.out, args.quant)
+
+
 def cmd_build(args) -> int:
     from pipeline.build import run_build
 
-    build = resolve_build(args.build, args.target, args.quant)
+    build = _resolve(args)
     manifest = run_build(build, out_root=args.out, variant=args.quant, force=args.force,
                          progress=not args.no_progress)
-    out = build_dir(build, args.out, args.quant)
+    out = _folder(args, build)
     print(f"\nbuild {build.name} for {build.target} ({manifest['runtime']} runtime) -> {out}")
     print(f"{'stage':<12}{'wall s':>9}{'peak RSS MiB':>14}  status")
     for name, st in manifest["stages"].items():
@@ -73,8 +86,8 @@ def cmd_build(args) -> int:
 def cmd_deploy(args) -> int:
     from pipeline.build import deploy_build
 
-    build = resolve_build(args.build, args.target, args.quant)
-    out = build_dir(build, args.out, args.quant)
+    build = _resolve(args)
+    out = _folder(args, build)
     if args.print:
         from model_repo.deploy import plan_deployment, render_deployment
         from plugins.targets import get_target
@@ -101,10 +114,10 @@ def cmd_verify(args) -> int:
     from builders.verify import format_table
     from pipeline.build import run_build
 
-    build = resolve_build(args.build, args.target, args.quant)
+    build = _resolve(args)
     manifest = run_build(build, out_root=args.out, variant=args.quant, force=args.force,
                          progress=not args.no_progress, stop_after="verify")
-    out = build_dir(build, args.out, args.quant)
+    out = _folder(args, build)
     report = json.loads((out / "verify" / "verify.json").read_text())
     q = build.settings.quantization
     print(f"\nverify {build.name} for {build.target}: {q.quant_algo} (kv cache {q.kv_cache_quant_algo or 'model dtype'}),"
@@ -121,7 +134,7 @@ def cmd_plan(args) -> int:
     from pipeline.plan_view import render_plan
     from plugins.targets import get_target
 
-    build = resolve_build(args.build, args.target, args.quant)
+    build = _resolve(args)
     target = get_target(build.target)
     preflight.check(build, target)  # spec-only rules first: no model fetch on a bad spec
     if args.hf_config:
@@ -131,7 +144,7 @@ def cmd_plan(args) -> int:
 
         hf_config = read_hf_config(resolve_source(build.model.source))
     plan = preflight.make_plan(build, target, hf_config, isl=args.isl, osl=args.osl)
-    out = args.output or (build_dir(build, args.out, args.quant) / "plan.json")
+    out = args.output or (_folder(args, build) / "plan.json")
     plan.write(out)
     render_plan(plan)
     print(f"plan: {out}")
@@ -143,7 +156,7 @@ def server_config(args, build):
     from model_repo.generate import default_sys_path
     from pipeline.serve import ServerConfig
 
-    out = build_dir(build, args.out, args.quant)
+    out = _folder(args, build)
     sv = build.settings.serving
     repo = Path(args.model_repo) if getattr(args, "model_repo", None) else out / "model_repo"
     if not (repo / "tensorrt_llm" / "config.pbtxt").is_file():
@@ -159,9 +172,9 @@ def server_config(args, build):
 def cmd_serve(args) -> int:
     from pipeline.serve import TritonServer, running_from_state, write_state
 
-    build = resolve_build(args.build, args.target, args.quant)
+    build = _resolve(args)
     cfg = server_config(args, build)
-    state = build_dir(build, args.out, args.quant) / "server.json"
+    state = _folder(args, build) / "server.json"
     running = running_from_state(state)
     if running:  # rerunning `make build-engine && make serve && make query` must not fail on busy ports
         print(f"already serving (pid {running['pid']}, gRPC {running.get('grpc')}, log {running.get('log')}): "
@@ -191,8 +204,8 @@ def cmd_serve(args) -> int:
 def cmd_stop(args) -> int:
     from pipeline.serve import stop_from_state
 
-    build = resolve_build(args.build, args.target, args.quant)
-    state = build_dir(build, args.out, args.quant) / "server.json"
+    build = _resolve(args)
+    state = _folder(args, build) / "server.json"
     result = stop_from_state(state)
     if result is None:
         print(f"no running server recorded in {state}")
@@ -211,8 +224,8 @@ def cmd_stop(args) -> int:
 def cmd_query(args) -> int:
     from pipeline.client import format_chat, stream_generate
 
-    build = resolve_build(args.build, args.target, args.quant)
-    out = build_dir(build, args.out, args.quant)
+    build = _resolve(args)
+    out = _folder(args, build)
     url = args.url or f"127.0.0.1:{build.settings.serving.grpc_port}"
     if not args.raw and not (out / "engine" / "engine.json").is_file():
         raise PipelineError(f"{out / 'engine'} is not built yet: run `make build-engine` (or `trtpipe build`) first, "
@@ -254,6 +267,8 @@ def cmd_fetch(args) -> int:
 
 def cmd_cache(args) -> int:
     from pipeline import cache
+
+    from builders.layout import build_root
 
     root = args.out or build_root()
     if args.cache_command == "list":
