@@ -333,7 +333,7 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
     common(llm)
 
     ens = common(ModelPlan("ensemble", "ensemble"))
-    _set_client_tensors(ens, "ensemble_")
+    _set_tensor_tables(ens, side="ensemble", prefix="ensemble_")
     ens.set("ensemble_runtime_input_map", "\n".join(
         f'      input_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in RUNTIME_INPUTS),
         "model_repo.generate.RUNTIME_INPUTS")
@@ -342,7 +342,7 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
         "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
 
     bls = common(ModelPlan("tensorrt_llm_bls", "tensorrt_llm_bls"))
-    _set_client_tensors(bls, "")
+    _set_tensor_tables(bls, side="ensemble")
     bls.set("decoupled", decoupled, dec_src)
     bls.set("bls_instance_count", s.serving.instance_counts.tensorrt_llm_bls,
             "spec: serving.instance_counts.tensorrt_llm_bls")
@@ -353,14 +353,19 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
     return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path())
 
 
+def _set_tensor_tables(mp: ModelPlan, *, side: str, prefix: str = "", reshape: bool = False) -> None:
+    """The optional inputs (RUNTIME_INPUTS) and pass-through outputs (RUNTIME_OUTPUTS + PERF_OUTPUTS) of a
+    model, under their client names (``side="ensemble"``: `ensemble`, `tensorrt_llm_bls`) or their backend
+    names (``side="runtime"``: `tensorrt_llm`); ``reshape`` gives each input the C++ backend's scalar shape."""
+    def name(p: PassThrough) -> str:
+        return p.ensemble_name if side == "ensemble" else p.runtime_name
 
-def _set_client_tensors(mp: ModelPlan, prefix: str) -> None:
-    """The optional client inputs/outputs shared by `ensemble` and `tensorrt_llm_bls` (same tables)."""
+    shape = " reshape: { shape: [ ] }" if reshape else ""
     mp.set(f"{prefix}runtime_inputs", ",\n".join(
-        f'  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} optional: true }}'
+        f'  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims}{shape} optional: true }}'
         for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
     mp.set(f"{prefix}runtime_outputs", "".join(
-        f',\n  {{ name: "{p.ensemble_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
+        f',\n  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
         "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
 
 
@@ -388,13 +393,7 @@ def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")
     llm.set("exclude_input_in_output", False, EXCLUDE_INPUT_REASON)
     llm.set("cancellation_check_period_ms", 100, "how often cancelled requests are looked for (backend default)")
-    llm.set("runtime_inputs", ",\n".join(
-        f'  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} optional: true }}'
-        for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
-    llm.set("runtime_outputs", "".join(
-        f',\n  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
-        "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
-
+    _set_tensor_tables(llm, side="runtime")
     return llm
 
 
@@ -436,12 +435,7 @@ def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src
     llm.set("tokenizer_dir", "", "guided decoding off (the backend reads the key unconditionally)")
     llm.set("xgrammar_tokenizer_info_path", "", "guided decoding off (the backend reads the key unconditionally)")
     llm.set("guided_decoding_backend", "", "guided decoding off (the backend reads the key unconditionally)")
-    llm.set("runtime_inputs", ",\n".join(
-        f'  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} reshape: {{ shape: [ ] }} '
-        'optional: true }' for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
-    llm.set("runtime_outputs", "".join(
-        f',\n  {{ name: "{p.runtime_name}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
-        "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
+    _set_tensor_tables(llm, side="runtime", reshape=True)
     return llm
 
 
