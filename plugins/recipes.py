@@ -3,7 +3,7 @@
 Each :class:`QuantRecipe` owns what a rule needs to know about it: the ModelOpt config that
 produces it, the ``quantization.quant_algo`` the TensorRT-LLM checkpoint records, the bytes of
 its weights and scales, and the hardware it needs. Adding a recipe is adding one entry to
-:data:`QUANT_RECIPES` (and its name to ``builders.spec.QuantName``; a test checks they agree).
+:data:`QUANT_RECIPES`: the spec's ``quant_algo`` choices are its keys.
 
 Sources: ModelOpt 0.47 ``modelopt/torch/quantization/config.py`` (the ``*_CFG`` names) and
 ``modelopt/torch/export/model_config.py`` (the ``QUANTIZATION_*`` names); TensorRT-LLM 1.2
@@ -36,7 +36,9 @@ class QuantRecipe:
         fp8_compute: FP8 tensor-core GEMMs or activations (needs SM >= 89; may use FP8 context FMHA).
         int_weight_gemm: INT4/INT8 weight-only or SmoothQuant GEMM kernels (refused by trtllm-build 1.2 on
             SM 100-119).
-        per_channel_scales: one FP32 scale per output channel (SmoothQuant) instead of per-tensor scales.
+        per_channel_scales: one FP32 scale per output channel (SmoothQuant, INT8 weight-only) instead of
+            per-tensor scales.
+        smoothquant: INT8 activations too (SmoothQuant's INT8 GEMM and quantized RMSNorm), not weight-only.
         fused_mlp: trtllm-build keeps the gate+up GEMM fusion (unquantized and FP8 only).
     """
 
@@ -49,6 +51,7 @@ class QuantRecipe:
     fp8_compute: bool = False
     int_weight_gemm: bool = False
     per_channel_scales: bool = False
+    smoothquant: bool = False
     fused_mlp: bool = False
 
     @property
@@ -85,7 +88,7 @@ QUANT_RECIPES: dict[str, QuantRecipe] = {r.name: r for r in (
                 int_weight_gemm=True),
     QuantRecipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", 4, uses_group_size=True, fp8_compute=True),
     QuantRecipe("int8_sq", "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", 8, int_weight_gemm=True,
-                per_channel_scales=True),
+                per_channel_scales=True, smoothquant=True),
 )}
 """Every recipe by name; ``builders.spec.QuantName`` lists the same names."""
 

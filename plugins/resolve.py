@@ -224,9 +224,12 @@ def resolve_plugins(*, quant: QuantRecipe, kv_cache_quant_algo: Optional[str], d
         out.append(PluginDecision("weight_only_groupwise_quant_matmul_plugin", dtype, f"{qa}: group-wise INT4 "
                                   "weight GEMM (applied by trtllm-build from the checkpoint's quant_algo)",
                                   implicit=True))
-    if quant.per_channel_scales:
+    elif quant.smoothquant:
         out.append(PluginDecision("smooth_quant_gemm_plugin", dtype, "SmoothQuant: INT8 GEMM and RMSNorm "
                                   "quantization plugins (applied by trtllm-build from the checkpoint)", implicit=True))
+    elif quant.int_weight_gemm:
+        out.append(PluginDecision("weight_only_quant_matmul_plugin", dtype, f"{qa}: per-channel weight-only INT GEMM "
+                                  "(applied by trtllm-build from the checkpoint's quant_algo)", implicit=True))
     out.append(PluginDecision("use_fused_mlp", "enable" if quant.fused_mlp else "disable",
                               "gate+up GEMM fusion: trtllm-build keeps it for unquantized/FP8 models and turns it "
                               "off for other quantizations", implicit=True))

@@ -164,3 +164,25 @@ def _resolve_fp8(kv, wanted, reuse):
     return resolve_plugins(quant=QUANT_RECIPES["fp8"], kv_cache_quant_algo=kv, dtype="float16", sm=90, tp_size=1, world_size=1,
                            architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32, enable_kv_cache_reuse=reuse,
                            enable_chunked_context=False, use_fp8_context_fmha=wanted)
+
+
+def test_a_weight_only_int8_recipe_gets_the_weight_only_plugin_not_smoothquant():
+    """Traits decide, not names: the README's "Extending" example (INT8 weight-only, W8A16) resolves to
+    trtllm-build's per-channel weight-only GEMM (builder.py sets weight_only_quant_matmul_plugin for it)."""
+    from plugins.recipes import QuantRecipe
+
+    int8_wo = QuantRecipe("int8_wo", "INT8_WEIGHT_ONLY_CFG", "W8A16", 8, needs_calibration_data=False,
+                          int_weight_gemm=True, per_channel_scales=True)
+    flags = {d.flag: d for d in resolve_plugins(
+        quant=int8_wo, kv_cache_quant_algo=None, dtype="float16", sm=90, tp_size=1, world_size=1,
+        architecture=ARCHITECTURES["LlamaForCausalLM"], tokens_per_block=32, enable_kv_cache_reuse=False,
+        enable_chunked_context=False)}
+    assert flags["weight_only_quant_matmul_plugin"].implicit and "smooth_quant_gemm_plugin" not in flags
+    sq = {d.flag for d in resolve_plugins(
+        quant=QUANT_RECIPES["int8_sq"], kv_cache_quant_algo=None, dtype="float16", sm=90, tp_size=1, world_size=1,
+        architecture=None, tokens_per_block=32, enable_kv_cache_reuse=False, enable_chunked_context=False)}
+    assert "smooth_quant_gemm_plugin" in sq and "weight_only_quant_matmul_plugin" not in sq
+    with pytest.raises(SpecError, match="int4_sm100|SM 100-119"):  # the Blackwell refusal follows the trait
+        resolve_plugins(quant=int8_wo, kv_cache_quant_algo=None, dtype="float16", sm=100, tp_size=1, world_size=1,
+                        architecture=None, tokens_per_block=32, enable_kv_cache_reuse=False,
+                        enable_chunked_context=False)
