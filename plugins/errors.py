@@ -41,12 +41,12 @@ class PipelineError(Exception):
 class SpecError(PipelineError):
     """A build spec (or its combination with a target/model) violates one or more rules."""
 
-    def __init__(self, problems: Iterable[Problem], source: str | None = None):
+    def __init__(self, problems: Iterable[Problem], source: str | None = None, what: str = "the build spec"):
         self.problems = list(problems)
         self.source = source
         head = f"{source}: " if source else ""
         n = len(self.problems)
-        lines = [f"{head}{n} problem{'s' if n != 1 else ''} in the build spec:"]
+        lines = [f"{head}{n} problem{'s' if n != 1 else ''} in {what}:"]
         lines += [f"  - {p.render()}" for p in self.problems]
         super().__init__("\n".join(lines))
 

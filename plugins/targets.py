@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from plugins.errors import Problem, SpecError, did_you_mean
 
@@ -24,6 +24,7 @@ class TargetProfile(BaseModel):
     """One hardware target."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # Every field is required: a profile states its hardware in full (configs/targets/h100.yaml is a template).
 
     name: str
     """Profile name (file stem)."""
@@ -58,13 +59,30 @@ class TargetProfile(BaseModel):
 @lru_cache(maxsize=None)
 def registry(directory: str = str(TARGETS_DIR)) -> dict[str, TargetProfile]:
     """All profiles in ``directory`` keyed by name."""
-    out = {}
+    out, problems = {}, []
     for path in sorted(Path(directory).glob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
-        profile = TargetProfile.model_validate(data)
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+            profile = TargetProfile.model_validate(data)
+        except yaml.YAMLError as exc:
+            problems.append(Problem(str(path), None, f"not valid YAML ({exc.__class__.__name__})",
+                                    "fix the YAML syntax", code="target_yaml"))
+            continue
+        except ValidationError as exc:
+            for err in exc.errors():
+                field = ".".join(str(x) for x in err["loc"])
+                problems.append(Problem(f"{path}: {field}", err.get("input") if err["type"] != "missing" else None,
+                                        err["msg"], "every profile needs the fields of TargetProfile "
+                                        "(plugins/targets.py); copy configs/targets/h100.yaml and edit it",
+                                        code=f"target_{err['type']}"))
+            continue
         if profile.name != path.stem:
-            raise ValueError(f"{path}: name {profile.name!r} must equal the file name {path.stem!r}")
+            problems.append(Problem(f"{path}: name", profile.name, f"must equal the file name {path.stem!r}",
+                                    f"set name: {path.stem}", code="target_name"))
+            continue
         out[profile.name] = profile
+    if problems:
+        raise SpecError(problems, str(directory), what="the target profiles")
     return out
 
 

@@ -65,3 +65,15 @@ def test_kv_slots_one_rule():
     assert kv_slots(8, 2048, cap=1000)[0] == 1000
     assert kv_slots(8, 2048, pool_tokens=50000)[0] == 50000
     assert kv_slots(8, 2048, cap=1000, pool_tokens=50000)[0] == 1000  # the spec's cap wins
+
+
+def test_a_bad_target_profile_is_named_with_its_fields(tmp_path):
+    from plugins.errors import SpecError
+
+    (tmp_path / "mygpu.yaml").write_text("name: mygpu\ncompute_capability: [9, 0]\nmemory_gib: 80\n"
+                                         "memory_bandwidth_gbps: 3350\ngpus_per_node: 8\nruntimes: [trtllm]\nfoo: 1\n")
+    with pytest.raises(SpecError) as err:
+        registry(str(tmp_path))
+    text = str(err.value)
+    assert "problems in the target profiles" in text and "mygpu.yaml: kind" in text and "mygpu.yaml: foo" in text
+    assert "Traceback" not in text
