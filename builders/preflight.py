@@ -29,6 +29,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _tp_fits(m, tp: int) -> bool:
+    """tp splits the heads, the KV heads (or duplicates them evenly) and the MLP."""
+    kv = m.num_key_value_heads
+    return (m.num_attention_heads % tp == 0 and m.intermediate_size % tp == 0
+            and ((kv >= tp and kv % tp == 0) or (kv < tp and tp % kv == 0)))
+
+
 def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
     """Rules that need only the spec and the target."""
     s = build.settings
@@ -147,26 +154,24 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
     tp, pp = par.tp_size, par.pp_size
     m = ModelShape.from_hf_config(hf_config)
     problems: list[Problem] = []
+    valid_tp = [d for d in _divisors(m.num_attention_heads) if _tp_fits(m, d)]  # one fix for every tp rule
 
     # Sharding: every sharded dimension must divide (ModelOpt's exporter, modelopt/torch/export/
     # tensorrt_llm_utils.py, splits heads by tp and layers evenly by pp).
     if m.num_attention_heads % tp:
         problems.append(Problem(where("parallelism.tp_size"), tp, f"num_attention_heads ({m.num_attention_heads}) must "
-                                "be divisible by tp_size", f"use tp_size in {_divisors(m.num_attention_heads)}",
-                                code="heads_tp"))
+                                "be divisible by tp_size", f"use tp_size in {valid_tp}", code="heads_tp"))
     kv = m.num_key_value_heads
     # GQA: kv_heads >= tp must split evenly; kv_heads < tp are duplicated, which needs tp % kv == 0
     # (TensorRT-LLM's checkpoint format: when num_key_value_heads < tp, K/V heads are duplicated up to tp).
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
         problems.append(Problem(where("parallelism.tp_size"), tp, f"num_key_value_heads ({kv}) must be divisible by "
                                 "tp_size, or tp_size by it (KV heads are duplicated when fewer than tp)",
-                                f"use tp_size in {sorted(set(_divisors(kv)) | {kv * k for k in (2, 4, 8)})} "
-                                "that also divides num_attention_heads", code="kv_heads_tp"))
+                                f"use tp_size in {valid_tp}", code="kv_heads_tp"))
     if m.intermediate_size % tp:
         problems.append(Problem(where("parallelism.tp_size"), tp, f"intermediate_size ({m.intermediate_size}) must be "
                                 "divisible by tp_size (the MLP is split by columns/rows across ranks)",
-                                f"use tp_size in {[d for d in _divisors(m.num_attention_heads) if m.intermediate_size % d == 0]}",
-                                code="intermediate_tp"))
+                                f"use tp_size in {valid_tp}", code="intermediate_tp"))
     if m.num_hidden_layers % pp:
         problems.append(Problem(where("parallelism.pp_size"), pp, f"num_hidden_layers ({m.num_hidden_layers}) must be "
                                 "divisible by pp_size (ModelOpt's exporter splits layers evenly)",

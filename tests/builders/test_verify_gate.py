@@ -82,4 +82,10 @@ def test_planner_refuses_tp2_for_smollm2():
     smollm2 = json.loads((REPO_ROOT / "tests" / "assets" / "smollm2-135m" / "config.json").read_text())
     problems = model_problems(build, smollm2)
     heads = [p for p in problems if p.code == "heads_tp"]  # (576/2 also breaks AWQ group 64: awq_group)
-    assert len(heads) == 1 and heads[0].field == "parallelism.tp_size" and "[1, 3, 9]" in heads[0].fix
+    assert len(heads) == 1 and heads[0].field == "parallelism.tp_size" and "[1, 3]" in heads[0].fix
+    # every tp rule gives the same advice, and every value it names passes them all (9 splits the heads,
+    # not the 1536-wide MLP)
+    assert {p.fix for p in problems if p.field == "parallelism.tp_size"} == {"use tp_size in [1, 3]"}
+    for tp in (1, 3):
+        ok = load_spec(REPO_ROOT / "configs" / "builds" / "smollm2-135m.yaml", "cpu", {"parallelism": {"tp_size": tp}})
+        assert not [p for p in model_problems(ok, smollm2) if p.field == "parallelism.tp_size"]
