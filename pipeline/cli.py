@@ -45,10 +45,28 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _resolve(args):
-    """The build file of ``args`` resolved for ``--target`` with ``--quant`` applied (builders.layout)."""
+    """The build file of ``args`` resolved for ``--target`` with ``--quant`` applied (builders.layout). The
+    default build file is looked for in the current directory, then under the project root, then in the
+    installed package."""
     from builders.layout import resolve_build  # imported when needed: `trtpipe --help` stays fast
 
+    if str(args.build) == DEFAULT_BUILD and not Path(DEFAULT_BUILD).is_file():
+        from plugins.fsutil import project_root
+        from plugins.targets import TARGETS_DIR
+
+        found = [p for p in (project_root() / DEFAULT_BUILD, TARGETS_DIR.parent / "builds" / Path(DEFAULT_BUILD).name)
+                 if p.is_file()]
+        if found:
+            args.build = str(found[0])
     return resolve_build(args.build, args.target, args.quant)
+
+
+def _not_built(out: Path) -> str:
+    """Where outputs are looked for, for a "not built yet" error (the root is easy to miss from elsewhere)."""
+    from plugins.fsutil import project_root
+
+    return (f" (outputs live under the project root {project_root()}: $TRTPIPE_HOME, else the current directory; "
+            "run from the folder you built in, or set TRTPIPE_HOME, or pass --out)")
 
 
 def _folder(args, build) -> Path:
@@ -94,7 +112,7 @@ def cmd_deploy(args) -> int:
 
         if not any((out / name).is_dir() for name in ("model_repo", "bundle")):
             raise PipelineError(f"{out} is not built yet: run `trtpipe build {args.build} --target {build.target}` "
-                                "first (the deployment serves its model_repo/ or bundle/)")
+                                "first (the deployment serves its model_repo/ or bundle/)" + _not_built(out))
         for rel, text in render_deployment(plan_deployment(build, get_target(build.target), out)).items():
             print(f"# ---- deploy/{rel}")
             sys.stdout.write(text)
@@ -162,7 +180,7 @@ def server_config(args, build):
     if not (repo / "tensorrt_llm" / "config.pbtxt").is_file():
         raise PipelineError(f"{repo} holds no model repository (tensorrt_llm/config.pbtxt missing): "
                             + ("pass a folder written by the model_repo stage, or a copy of one" if
-                               getattr(args, "model_repo", None) else "run `make build-engine` first"))
+                               getattr(args, "model_repo", None) else "run `make build-engine` first" + _not_built(out)))
     return ServerConfig(model_repository=repo, http_port=args.http_port or sv.http_port,
                         grpc_port=args.grpc_port or sv.grpc_port, metrics_port=args.metrics_port or sv.metrics_port,
                         address=args.address, log_file=repo.parent / "tritonserver.log", ready_timeout_s=args.timeout,
@@ -229,7 +247,7 @@ def cmd_query(args) -> int:
     url = args.url or f"127.0.0.1:{build.settings.serving.grpc_port}"
     if not args.raw and not (out / "engine" / "engine.json").is_file():
         raise PipelineError(f"{out / 'engine'} is not built yet: run `make build-engine` (or `trtpipe build`) first, "
-                            "or pass --raw to send the prompt without the model's chat template")
+                            "or pass --raw to send the prompt without the model's chat template" + _not_built(out))
     text = args.prompt if args.raw else format_chat(out / "engine", args.prompt, args.system)
     t0 = time.perf_counter()
     first, tokens = None, 0
