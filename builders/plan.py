@@ -255,7 +255,8 @@ def kv_bytes_per_token(shape: ModelShape, tp: int, pp: int, dtype_bytes: int) ->
     """KV bytes per token per rank = 2 x (layers/pp) x max(1, kv_heads/tp) x head_dim x dtype_bytes.
 
     K and V (the 2) for each of the rank's layers; when kv_heads < tp, TensorRT-LLM duplicates
-    KV heads so each rank holds one (shared/reference/trtllm.md, "Memory" and "GQA").
+    KV heads so each rank holds one (TensorRT-LLM docs "Memory Usage of TensorRT-LLM", KV cache; checkpoint
+    format, GQA).
     Llama-3-8B: 2 x 32 x 8 x 128 x 2 = 131072 B (128 KiB) per token in BF16.
     """
     layers_rank = _ceil_div(shape.num_hidden_layers, pp)

@@ -1,7 +1,7 @@
 """Every quantization recipe x (tp, pp) in {1,2}x{1,2} on a small random Llama, through ModelOpt.
 
-Checks the TensorRT-LLM checkpoint layout (files, tensor names, dtypes, shapes: see
-shared/reference/trtllm.md), that partitioning adds no error (every tp x pp reads back to
+Checks the TensorRT-LLM checkpoint layout (files, tensor names, dtypes, shapes: TensorRT-LLM's
+docs/source/architecture/checkpoint.md), that partitioning adds no error (every tp x pp reads back to
 the single-rank tensors, and an unquantized model round-trips bit-exactly), and that the
 reader's dequantized weights are ModelOpt's own fake-quant weights.
 

@@ -1,4 +1,4 @@
-"""Metric functions against hand-computed timelines (definitions: shared/reference/loadtest.md)."""
+"""Metric functions against hand-computed timelines (definitions: pipeline/loadtest/metrics.py, after genai-perf)."""
 
 import math
 
