@@ -161,7 +161,7 @@ def cmd_plan(args) -> int:
         from builders.model_fetch import resolve_source
 
         hf_config = read_hf_config(resolve_source(build.model.source))
-    plan = preflight.make_plan(build, target, hf_config, isl=args.isl, osl=args.osl)
+    plan = preflight.make_plan(build, target, hf_config, isl=args.isl, osl=args.osl, spec_checked=True)
     out = args.output or (_folder(args, build) / "plan.json")
     plan.write(out)
     render_plan(plan)
