@@ -64,7 +64,7 @@ def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, limits: LimitsC
         checkpoint_dir: TensorRT-LLM checkpoint (config.json + rank*.safetensors).
         output_dir: where config.json + rank*.engine go.
         limits: the build limits; :data:`LIMIT_KEYS` become flags (tokens_per_block travels with the plugins).
-        plugins: decisions with a ``cli()`` (plugins.resolve.PluginDecision, the plan's PluginEntry); implicit
+        plugins: plugins.resolve.PluginDecision list (the plan's ``plugins``); implicit
             ones add nothing.
         world_size: tp x pp: engines to build.
         gpus_available: GPUs on the build host; ``--workers`` is ``min(world_size, gpus)``

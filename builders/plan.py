@@ -14,14 +14,13 @@ All byte counts are bytes (not KiB/MiB); "per rank" means one GPU of the serving
 Sources: TensorRT-LLM "Memory Usage of TensorRT-LLM"
 (https://nvidia.github.io/TensorRT-LLM/reference/memory.html: weights, activations fixed at
 build time by the max shapes, KV pool = ``free_gpu_memory_fraction`` of the memory left);
-TensorRT-LLM's checkpoint format (``docs/source/architecture/checkpoint.md``: layout, sharding) and
-``cpp/tensorrt_llm/runtime/kvCacheManager`` (KV bytes per token).
+TensorRT-LLM's checkpoint format (``docs/source/architecture/checkpoint.md``: layout, sharding, KV
+heads duplicated when fewer than tp).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -84,19 +83,6 @@ class ModelShape(_Frozen):
             vocab_size=cfg["vocab_size"], max_position_embeddings=cfg.get("max_position_embeddings"),
             rope_scaling_type=None if rope_type in (None, "default") else str(rope_type),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
-
-
-class PluginEntry(_Frozen):
-    """One resolved trtllm-build flag as plan.json holds it (plugins.resolve.PluginDecision)."""
-
-    flag: str
-    value: str
-    reason: str
-    implicit: bool
-
-    def cli(self) -> list[str]:
-        """The flag and value for the trtllm-build command line (nothing when trtllm-build applies it itself)."""
-        return PluginDecision(self.flag, self.value, self.reason, self.implicit).cli()
 
 
 class RuntimeSetting(_Frozen):
@@ -202,7 +188,8 @@ class Plan(_Frozen):
     limits: LimitsConfig
     """The build limits, the spec's typed object: engine.json, config.pbtxt and trtllm-build take them from here."""
     memory: MemoryPlan
-    plugins: list[PluginEntry]
+    plugins: list[PluginDecision]
+    """The trtllm-build decisions (plugins.resolve), each with its reason; the engine stage passes them."""
     runtime_settings: list[RuntimeSetting] = []
     """The pytorch runtime's continuous-batching settings and why (empty for the TensorRT-LLM runtimes)."""
     plugins_apply: bool
@@ -378,8 +365,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                         activation_bytes=acts, free_bytes_after_weights_and_activations=free, kv=kv,
                         total_bytes=reserve + weights + acts + pool)
 
-    plugins = [PluginEntry(flag=d.flag, value=d.value, reason=d.reason, implicit=d.implicit)
-               for d in plugin_decisions(build, target.sm, shape.architecture)]
+    plugins = plugin_decisions(build, target.sm, shape.architecture)
 
     # Warnings: facts worth knowing that are not errors.
     if engine and shape.num_key_value_heads < tp:

@@ -13,7 +13,6 @@ next to each rule.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from builders.plan import ModelShape, Plan, compute_plan, human_bytes, plugin_decisions, read_hf_config
 from builders.spec import ResolvedBuild
@@ -272,7 +271,7 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     """
     problems = [] if spec_checked else spec_problems(build, target)
     problems += architecture_problems(hf_config, str(hf_config.get("_name_or_path", "config.json")))
-    if not problems or not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
+    if not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
         problems += model_problems(build, hf_config)
     plan = None
     if not any(p.code in SHARDING_CODES + ("architecture",) for p in problems):
