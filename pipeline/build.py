@@ -31,6 +31,7 @@ from builders.model_fetch import TOKENIZER_COMPAT
 from builders.plan import Plan, read_hf_config
 from builders.spec import ResolvedBuild
 from pipeline.cache import StageResult, library_versions, run_stage, stage_key
+from plugins.architectures import architecture
 from plugins.errors import PipelineError, StageError
 from plugins.fsutil import build_lock, cache_root, measure, write_json
 from plugins.targets import TargetProfile, get_target
@@ -158,7 +159,9 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
     build = ctx.build
     s, fmt = build.settings, build.runtime.checkpoint_format
     q = s.quantization
+    decoder_type = build.model.decoder_type or architecture(ctx.plan.model.architecture).decoder_type
     key = stage_key(stage="checkpoint", format=fmt, source=ctx.digest, spec=build.key_fields("checkpoint"),
+                    decoder_type=decoder_type,
                     modelopt=ctx.versions["nvidia-modelopt"], torch=ctx.versions["torch"],
                     transformers=ctx.versions["transformers"],
                     **({"tokenizer": TOKENIZER_COMPAT} if fmt == "hf_unified" else {}))
@@ -181,7 +184,7 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
         return quantize_to_checkpoint(
             ctx.hf_dir, tmp, quant_algo=q.quant_algo, group_size=q.group_size,
             kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, tp_size=s.parallelism.tp_size,
-            pp_size=s.parallelism.pp_size, decoder_type=build.model.decoder_type, calib_samples=samples,
+            pp_size=s.parallelism.pp_size, decoder_type=decoder_type, calib_samples=samples,
             progress=_progress_factory(ctx.progress))
 
     return run_stage("checkpoint", ctx.out / "checkpoint", key, produce, force=ctx.force)

@@ -108,7 +108,7 @@ def tiny_llama(tmp_path_factory) -> Path:
 def write_spec(path: Path, model_dir: Path, *, target: str = "h100", runtime: str = "trtllm",
                quant: str = "none", extra: str = "") -> Path:
     path.write_text(f"""name: tiny
-model: {{source: {model_dir}, decoder_type: llama}}
+model: {{source: {model_dir}}}
 dtype: float16
 quantization: {{quant_algo: {quant}, calibration: {{num_samples: 2, seq_len: 32}}}}
 limits: {{max_batch_size: 4, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}}
