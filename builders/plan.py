@@ -27,7 +27,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict
 
 from builders.spec import LimitsConfig, ResolvedBuild
-from plugins.architectures import DEFAULT_ARCHITECTURE, architecture
+from plugins.architectures import DEFAULT_ARCHITECTURE, ROPE_ALIASES, architecture, support
 from plugins.errors import Problem, SpecError
 from plugins.recipes import QuantRecipe, recipe
 from plugins.resolve import PluginDecision, resolve_plugins
@@ -46,8 +46,27 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _rope_types(cfg: dict) -> list[str]:
+    """Every rope type config.json names: transformers 4's ``rope_scaling`` or transformers 5's
+    ``rope_parameters`` (one dict, or one per layer type as Gemma 3 writes it); ``default`` when none."""
+    found = []
+    for value in (cfg.get("rope_scaling"), cfg.get("rope_parameters")):
+        if not isinstance(value, dict):
+            continue
+        entries = [v for v in value.values() if isinstance(v, dict)] or [value]
+        for entry in entries:
+            t = str(entry.get("rope_type", entry.get("type", "default")))
+            found.append(ROPE_ALIASES.get(t, t))
+    return sorted(set(found)) or ["default"]
+
+
 class ModelShape(_Frozen):
-    """The dimensions of a decoder-only model that the plan needs (from HF config.json)."""
+    """The dimensions of a decoder-only model that the plan needs (from HF config.json).
+
+    Sources: the HF config classes of each family (transformers 5.24 ``models/<family>/configuration_*.py``:
+    ``head_dim``, ``sliding_window``/``layer_types``, ``*_softcapping``, the MoE keys named in
+    plugins.architectures.MoE, ``mlp_only_layers``/``decoder_sparse_step``).
+    """
 
     architecture: str
     num_hidden_layers: int
@@ -60,7 +79,25 @@ class ModelShape(_Frozen):
     max_position_embeddings: Optional[int]
     rope_scaling_type: Optional[str]
     """``rope_scaling.rope_type`` when it is not ``default`` (long-context scaling), else null."""
+    rope_types: list[str] = ["default"]
+    """Every rope type the config names (Gemma 3 has one per layer type)."""
     tie_word_embeddings: bool
+    sliding_window: Optional[int] = None
+    """Tokens a sliding-window layer attends to (null: every layer attends to the whole context)."""
+    sliding_layers: int = 0
+    """Layers that use the sliding window (Gemma 2/3 interleave them with global layers)."""
+    attn_logit_softcapping: Optional[float] = None
+    final_logit_softcapping: Optional[float] = None
+    num_experts: int = 0
+    """Routed experts per MoE layer (0: dense)."""
+    num_experts_per_tok: int = 0
+    """Experts each token is routed to (top-k)."""
+    moe_intermediate_size: int = 0
+    """Intermediate size of one expert."""
+    shared_expert_intermediate_size: int = 0
+    """Intermediate size of the shared expert every token runs (Qwen2-MoE; 0: none)."""
+    moe_layers: int = 0
+    """Decoder layers with experts; the others have a dense MLP of intermediate_size."""
 
     @classmethod
     def from_hf_config(cls, cfg: dict, field: str = "model.source") -> "ModelShape":
@@ -72,17 +109,45 @@ class ModelShape(_Frozen):
                                      "point model.source at a decoder-only HF checkpoint (Llama family)",
                                      code="model_config")])
         heads = cfg["num_attention_heads"]
-        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
+        layers = cfg["num_hidden_layers"]
+        name = (cfg.get("architectures") or [DEFAULT_ARCHITECTURE])[0]
+        types = _rope_types(cfg)
+        scaled = [t for t in types if t != "default"]
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) is not False else None
+        layer_types = cfg.get("layer_types")
+        if window and isinstance(layer_types, list):
+            sliding = sum(1 for t in layer_types if t == "sliding_attention")
+        elif window and cfg.get("sliding_window_pattern"):  # Gemma 3 before layer_types: every n-th is global
+            n = int(cfg["sliding_window_pattern"])
+            sliding = sum(1 for i in range(layers) if (i + 1) % n)
+        else:
+            sliding = layers if window else 0
+        moe: dict = {}
+        arch = architecture(name)
+        if arch is not None and arch.moe is not None and cfg.get(arch.moe.num_experts_key):
+            m = arch.moe
+            step = int(cfg.get(m.sparse_step_key) or 1) if m.sparse_step_key else 1
+            dense = set(cfg.get("mlp_only_layers") or [])
+            moe = {"num_experts": int(cfg[m.num_experts_key]), "num_experts_per_tok": int(cfg.get(m.top_k_key) or 0),
+                   "moe_intermediate_size": int(cfg.get(m.expert_intermediate_key) or 0),
+                   "shared_expert_intermediate_size": int(cfg.get(m.shared_expert_key) or 0) if m.shared_expert_key
+                   else 0,
+                   "moe_layers": sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)}
         return cls(
-            architecture=(cfg.get("architectures") or [DEFAULT_ARCHITECTURE])[0],
-            num_hidden_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"],
+            architecture=name, num_hidden_layers=layers, hidden_size=cfg["hidden_size"],
             num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             intermediate_size=cfg.get("intermediate_size") or 4 * cfg["hidden_size"],
             vocab_size=cfg["vocab_size"], max_position_embeddings=cfg.get("max_position_embeddings"),
-            rope_scaling_type=None if rope_type in (None, "default") else str(rope_type),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+            rope_scaling_type=scaled[0] if scaled else None, rope_types=types,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", arch.tie_default if arch else False)),
+            sliding_window=window or None, sliding_layers=sliding,
+            attn_logit_softcapping=cfg.get("attn_logit_softcapping"),
+            final_logit_softcapping=cfg.get("final_logit_softcapping"), **moe)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
 
 class RuntimeSetting(_Frozen):
@@ -153,7 +218,9 @@ class MemoryPlan(_Frozen):
     weights_breakdown: dict[str, int]
     """Bytes of the heaviest rank by part: layers, embedding, lm_head, norms, scales."""
     params_total: int
-    """Parameters of the whole model (unsharded, lm_head counted once per checkpoint tensor)."""
+    """Parameters of the whole model (unsharded; a tied lm_head counted once; every expert)."""
+    params_active: int
+    """Parameters one token runs through: params_total less the experts it is not routed to (equal for dense)."""
     activation_bytes: int
     """Estimate of the activation memory fixed at build time (formula in activation_bytes())."""
     free_bytes_after_weights_and_activations: int
@@ -183,6 +250,12 @@ class Plan(_Frozen):
     target_sm: Optional[int]
     target_memory_gib: float
     model: ModelShape
+    checkpoint_format: Optional[str] = None
+    """What the checkpoint stage writes for this family and runtime (plugins.architectures.support): ``trtllm`` rank
+    shards or the ``hf_unified`` export; null when the runtime cannot build the family (the rules say why)."""
+    moe_tp_size: int = 1
+    moe_ep_size: int = 1
+    """Expert tensor / expert parallelism the plan shards MoE layers with (1, 1 for dense models)."""
     vocab_padded: int
     """vocab_size rounded up to a multiple of serving_tp (lm_head rows)."""
     limits: LimitsConfig
@@ -251,39 +324,85 @@ def kv_bytes_per_token(shape: ModelShape, tp: int, pp: int, dtype_bytes: int) ->
     return 2 * layers_rank * kv_rank * shape.head_dim * dtype_bytes
 
 
-def _weights(shape: ModelShape, tp: int, pp: int, quant: QuantRecipe, group_size: int, dtype_bytes: int,
-             dedupe_tied: bool) -> tuple[list[int], dict[str, int], int]:
-    """Per-PP-rank weight bytes (heaviest TP rank), the heaviest rank's breakdown, total params."""
+def layer_shards(shape: ModelShape, tp: int, moe_tp: int, moe_ep: int, *, moe_layer: bool) -> list:
+    """The linear shards of one decoder layer on one rank (plugins.architectures.Architecture.linear_shards).
+
+    Attention and dense MLPs split over tp; a MoE layer's experts split into moe_ep groups, each expert's
+    intermediate dim over moe_tp (TensorRT-LLM ``tensorrt_llm/mapping.py``: moe_tp x moe_ep = tp); the shared
+    expert splits over tp like a dense MLP.
+    """
     arch = architecture(shape.architecture) or architecture(None)
+    kw = dict(hidden_size=shape.hidden_size, heads_rank=_ceil_div(shape.num_attention_heads, tp),
+              kv_heads_rank=max(1, _ceil_div(shape.num_key_value_heads, tp)), head_dim=shape.head_dim)
+    if not moe_layer:
+        return arch.linear_shards(**kw, intermediate_rank=_ceil_div(shape.intermediate_size, tp))
+    return arch.linear_shards(**kw, intermediate_rank=0, experts_rank=_ceil_div(shape.num_experts, moe_ep),
+                              expert_intermediate_rank=_ceil_div(shape.moe_intermediate_size, moe_tp),
+                              shared_intermediate_rank=_ceil_div(shape.shared_expert_intermediate_size, tp),
+                              num_experts=shape.num_experts)
+
+
+def _router_params(shape: ModelShape) -> int:
+    """Parameters of a MoE layer's router (hidden x num_experts) and shared-expert gate (hidden x 1), both
+    left 16-bit by ModelOpt (``quantization_config.ignore`` lists every ``mlp.gate``)."""
+    return shape.hidden_size * (shape.num_experts + (1 if shape.shared_expert_intermediate_size else 0))
+
+
+def _weights(shape: ModelShape, tp: int, pp: int, quant: QuantRecipe, group_size: int, dtype_bytes: int,
+             dedupe_tied: bool, moe_tp: int = 1, moe_ep: int = 1) -> tuple[list[int], dict[str, int], int, int]:
+    """Per-PP-rank weight bytes (heaviest TP rank), the heaviest rank's breakdown, total and active params.
+
+    Active parameters per token count the attention, the router, the shared expert and top-k experts of
+    each MoE layer (all experts stay resident: the bytes count them all).
+    """
     h = shape.hidden_size
-    shards = arch.linear_shards(hidden_size=h, heads_rank=_ceil_div(shape.num_attention_heads, tp),
-                                kv_heads_rank=max(1, _ceil_div(shape.num_key_value_heads, tp)),
-                                head_dim=shape.head_dim, intermediate_rank=_ceil_div(shape.intermediate_size, tp))
-    layer_w = layer_s = 0
-    for shard in shards:
-        w, s = quant.linear_bytes(shard.n_in, shard.n_out, group_size, dtype_bytes)
-        layer_w, layer_s = layer_w + w, layer_s + s
-    layer_norms = 2 * h * dtype_bytes
+    arch = architecture(shape.architecture) or architecture(None)
+    kinds = [shape.is_moe and i < shape.moe_layers for i in range(shape.num_hidden_layers)]
+    # Which layers are MoE only matters by count here: pipeline stages take equal layer counts and the
+    # heaviest stage is planned with MoE layers first.
+    per_kind = {}
+    for moe_layer in set(kinds):
+        w = sc = 0
+        for shard in layer_shards(shape, tp, moe_tp, moe_ep, moe_layer=moe_layer):
+            lw, ls = quant.linear_bytes(shard.n_in, shard.n_out, group_size, dtype_bytes)
+            w, sc = w + shard.count * lw, sc + shard.count * ls
+        router = _router_params(shape) * dtype_bytes if moe_layer else 0
+        norms = arch.norms_per_layer * h * dtype_bytes
+        qk = 2 * shape.head_dim * dtype_bytes if arch.qk_norm else 0  # q_norm, k_norm: one head_dim vector each
+        bias = ((_ceil_div(shape.num_attention_heads, tp) + 2 * max(1, _ceil_div(shape.num_key_value_heads, tp)))
+                * shape.head_dim * dtype_bytes) if arch.qkv_bias else 0
+        per_kind[moe_layer] = {"layers": w + bias, "router": router, "scales": sc, "norms": norms + qk}
     vocab_padded = _ceil_div(shape.vocab_size, tp) * tp
     embedding = shape.vocab_size * h * dtype_bytes          # replicated on the first PP rank
     lm_head = (vocab_padded // tp) * h * dtype_bytes       # split on dim 0, last PP rank, 16-bit
     if dedupe_tied and shape.tie_word_embeddings:
-        lm_head = 0                                         # HF model: one shared tensor
+        lm_head = 0                                         # HF checkpoint: one shared tensor
     layers_rank = _ceil_div(shape.num_hidden_layers, pp)
     per_rank, breakdowns = [], []
     for r in range(pp):
-        parts = {"layers": layers_rank * layer_w, "scales": layers_rank * layer_s,
-                 "norms": layers_rank * layer_norms + (h * dtype_bytes if r == pp - 1 else 0),
+        stage = sorted(kinds, reverse=True)[r * layers_rank:(r + 1) * layers_rank] if pp > 1 else kinds
+        parts = {"layers": 0, "router": 0, "scales": 0, "norms": h * dtype_bytes if r == pp - 1 else 0,
                  "embedding": embedding if r == 0 else 0, "lm_head": lm_head if r == pp - 1 else 0}
+        for kind in stage:
+            for k, v in per_kind[kind].items():
+                parts[k] += v
+        if not shape.is_moe:
+            parts.pop("router")
         per_rank.append(sum(parts.values()))
         breakdowns.append(parts)
     heaviest = max(range(pp), key=lambda r: per_rank[r])
-    whole = arch.linear_shards(hidden_size=h, heads_rank=shape.num_attention_heads,
-                               kv_heads_rank=shape.num_key_value_heads, head_dim=shape.head_dim,
-                               intermediate_rank=shape.intermediate_size)
-    n_layer = sum(sh.n_in * sh.n_out for sh in whole) + 2 * h
-    params = shape.num_hidden_layers * n_layer + h + shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
-    return per_rank, breakdowns[heaviest], params
+
+    def layer_params(moe_layer: bool, active: bool) -> int:
+        n = 0
+        for sh in layer_shards(shape, 1, 1, 1, moe_layer=moe_layer):
+            count = min(sh.count, shape.num_experts_per_tok) if (active and sh.count > 1) else sh.count
+            n += count * sh.n_in * sh.n_out
+        return n + arch.norms_per_layer * h + (_router_params(shape) if moe_layer else 0)
+
+    head = h + shape.vocab_size * h * (1 if shape.tie_word_embeddings else 2)
+    params = sum(layer_params(k, False) for k in kinds) + head
+    active = sum(layer_params(k, True) for k in kinds) + head
+    return per_rank, breakdowns[heaviest], params, active
 
 
 def plugin_decisions(build: ResolvedBuild, sm: Optional[int], architecture_name: Optional[str] = None, *,
@@ -330,8 +449,12 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     act_dtype = s.dtype if engine else target.runtime_dtype
     dtype_bytes = DTYPE_BYTES[act_dtype]
     kv_dtype_bytes = 1 if (engine and q.kv_cache_quant_algo == "fp8") else dtype_bytes
-    per_pp, breakdown, params = _weights(shape, tp, pp, build.recipe if engine else recipe("none"), q.group_size,
-                                         dtype_bytes, dedupe_tied=not engine)
+    arch = architecture(shape.architecture)
+    fmt = support(arch, build.runtime, build.recipe).checkpoint_format if arch else None
+    moe_tp, moe_ep = par.moe_sizes if engine else (1, 1)
+    per_pp, breakdown, params, active = _weights(shape, tp, pp, build.recipe if engine else recipe("none"),
+                                                 q.group_size, dtype_bytes, moe_tp=moe_tp, moe_ep=moe_ep,
+                                                 dedupe_tied=not engine or fmt == "hf_unified")
     weights = max(per_pp)
     vocab_padded = _ceil_div(shape.vocab_size, tp) * tp
     acts = activation_bytes(shape, tp, vocab_padded // tp, lim.max_num_tokens, lim.max_batch_size,
@@ -362,6 +485,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 workload_concurrency=min(work_seqs, lim.max_batch_size))
     memory = MemoryPlan(device_bytes=device, reserve_bytes=reserve, weights_bytes_per_rank=weights,
                         weights_bytes_by_pp_rank=per_pp, weights_breakdown=breakdown, params_total=params,
+                        params_active=active,
                         activation_bytes=acts, free_bytes_after_weights_and_activations=free, kv=kv,
                         total_bytes=reserve + weights + acts + pool)
 
@@ -377,7 +501,19 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                         "the lm_head split (counted in the plan)")
     if not engine and par.world_size > 1:
         warnings.append(f"runtime '{s.runtime}' serves the merged checkpoint on one device: tp_size/pp_size "
-                        f"({par.tp_size}/{par.pp_size}) only shape the exported checkpoint")
+                        f"({par.tp_size}/{par.pp_size}) only shape the exported checkpoint"
+                        + (" (the unified HF export is not sharded: they shape nothing)" if fmt == "hf_unified"
+                           else ""))
+    if shape.is_moe:
+        warnings.append(f"{shape.num_experts} experts per MoE layer ({shape.moe_layers} layers), top-{shape.num_experts_per_tok}: "
+                        f"all experts stay resident ({human_bytes(weights)} per rank), a token runs through "
+                        f"{memory.params_active / 1e9:.2f}B of the {memory.params_total / 1e9:.2f}B parameters")
+    if shape.sliding_window and lim.max_seq_len > shape.sliding_window and build.runtime.builds_trt_engine:
+        warnings.append(f"{shape.sliding_layers} layers use a {shape.sliding_window}-token sliding window; the engine's "
+                        f"KV cache is planned for the whole max_seq_len {lim.max_seq_len} on every layer")
+    if arch is not None and arch.portable_attention != "sdpa" and not engine:
+        warnings.append(f"{arch.family}: the portable runtime runs {arch.portable_attention} attention (transformers has "
+                        "no SDPA path for its logit soft-capping): slower than SDPA")
     if not engine and build.recipe.quantized:
         warnings.append(f"runtime '{s.runtime}' dequantizes weights to {act_dtype}: {q.quant_algo} changes "
                         "accuracy and disk size, not serving memory")
@@ -400,6 +536,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 tp_size=par.tp_size, pp_size=par.pp_size, world_size=par.world_size, serving_tp=tp, serving_pp=pp,
                 gpus_available=gpn * par.num_nodes if target.kind == "gpu" else 1, target_sm=target.sm,
                 target_memory_gib=target.memory_gib, model=shape, vocab_padded=vocab_padded,
+                checkpoint_format=fmt, moe_tp_size=moe_tp if shape.is_moe else 1,
+                moe_ep_size=moe_ep if shape.is_moe else 1,
                 limits=lim, memory=memory, plugins=plugins, plugins_apply=build.runtime.builds_trt_engine,
                 runtime_settings=(portable_runtime_settings(build, kv.capacity_tokens if target.kind == "gpu" else None)
                                   if build.runtime.settings else []),

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builders.plan import ModelShape, Plan, compute_plan, human_bytes, plugin_decisions, read_hf_config
+from builders.plan import (ModelShape, Plan, compute_plan, human_bytes, layer_shards, plugin_decisions,
+                           read_hf_config)
 from builders.spec import ResolvedBuild
-from plugins.architectures import ARCHITECTURES, architecture
+from plugins.architectures import ARCHITECTURES, ROPE_TYPES, Architecture, architecture, support
+from plugins.recipes import QUANT_RECIPES
 from plugins.errors import Problem, SpecError
-from plugins.resolve import HARDWARE_CODES, hardware_problems
+from plugins.resolve import HARDWARE_CODES, MMHA_HEAD_SIZES, decode_attention_kernel, hardware_problems
 from plugins.targets import TargetProfile
 
-SHARDING_CODES = ("heads_tp", "kv_heads_tp", "intermediate_tp", "layers_pp")
+SHARDING_CODES = ("heads_tp", "kv_heads_tp", "intermediate_tp", "layers_pp", "moe_sizes", "experts_ep",
+                  "expert_intermediate_tp")
 
 
 def _divisors(n: int) -> list[int]:
@@ -31,7 +34,8 @@ def _divisors(n: int) -> list[int]:
 def _tp_fits(m, tp: int) -> bool:
     """tp splits the heads, the KV heads (or duplicates them evenly) and the MLP."""
     kv = m.num_key_value_heads
-    return (m.num_attention_heads % tp == 0 and m.intermediate_size % tp == 0
+    dense_ok = m.moe_layers == m.num_hidden_layers or m.intermediate_size % tp == 0
+    return (m.num_attention_heads % tp == 0 and dense_ok
             and ((kv >= tp and kv % tp == 0) or (kv < tp and tp % kv == 0)))
 
 
@@ -153,7 +157,7 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
     tp, pp = par.tp_size, par.pp_size
     m = ModelShape.from_hf_config(hf_config)
     problems: list[Problem] = []
-    valid_tp = [d for d in _divisors(m.num_attention_heads) if _tp_fits(m, d)]  # one fix for every tp rule
+    valid_tp = valid_tp_sizes(m)  # one fix for every tp rule
 
     # Sharding: every sharded dimension must divide (ModelOpt's exporter, modelopt/torch/export/
     # tensorrt_llm_utils.py, splits heads by tp and layers evenly by pp).
@@ -167,10 +171,11 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
         problems.append(Problem(where("parallelism.tp_size"), tp, f"num_key_value_heads ({kv}) must be divisible by "
                                 "tp_size, or tp_size by it (KV heads are duplicated when fewer than tp)",
                                 f"use tp_size in {valid_tp}", code="kv_heads_tp"))
-    if m.intermediate_size % tp:
+    if m.moe_layers < m.num_hidden_layers and m.intermediate_size % tp:  # the dense MLP layers
         problems.append(Problem(where("parallelism.tp_size"), tp, f"intermediate_size ({m.intermediate_size}) must be "
                                 "divisible by tp_size (the MLP is split by columns/rows across ranks)",
                                 f"use tp_size in {valid_tp}", code="intermediate_tp"))
+    problems += moe_problems(build, m)
     if m.num_hidden_layers % pp:
         problems.append(Problem(where("parallelism.pp_size"), pp, f"num_hidden_layers ({m.num_hidden_layers}) must be "
                                 "divisible by pp_size (ModelOpt's exporter splits layers evenly)",
@@ -180,9 +185,9 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
     # Column-parallel layers (qkv, gate, up) keep their input (hidden); row-parallel layers split it:
     # o_proj gets heads x head_dim / tp, down_proj gets intermediate / tp (the architecture's linear shards).
     if build.recipe.uses_group_size:
-        shards = architecture(m.architecture).linear_shards(
-            hidden_size=m.hidden_size, heads_rank=m.num_attention_heads // tp, kv_heads_rank=max(1, kv // tp),
-            head_dim=m.head_dim, intermediate_rank=m.intermediate_size // tp)
+        moe_tp, moe_ep = par.moe_sizes
+        shards = [sh for moe_layer in {False: [False], True: [True, m.moe_layers < m.num_hidden_layers]}[m.is_moe]
+                  for sh in layer_shards(m, tp, moe_tp, moe_ep, moe_layer=moe_layer)]
         dims: dict[str, int] = {}
         for shard in shards:  # one entry per distinct input: "qkv/gate_proj/up_proj input = 576"
             label = next((k for k, v in dims.items() if v == shard.n_in), None)
@@ -197,6 +202,13 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
                                     "group_size must divide every per-rank sharded input dimension; "
                                     + ", ".join(f"{k} = {v}" for k, v in bad.items()) + " is not a multiple",
                                     f"use group_size in {ok}" if ok else "change tp_size", code="awq_group"))
+    # Attention head size: TensorRT-LLM's fused attention kernels are compiled for a fixed set of head sizes.
+    if build.runtime.builds_trt_engine and decode_attention_kernel(
+            m.head_dim, m.num_attention_heads, kv, lim.max_beam_width) is None:
+        problems.append(Problem("model.source", m.head_dim, f"no TensorRT-LLM generation attention kernel serves "
+                                f"head_dim {m.head_dim} here (masked MHA takes {list(MMHA_HEAD_SIZES)}; XQA multiples "
+                                "of 16 up to 256 for grouped-query attention at beam width 1)",
+                                "use runtime: trtllm-llmapi or pytorch", code="head_dim"))
     # Context length: RoPE models are trained up to max_position_embeddings; longer needs a
     # rope scaling entry in config.json (rope_type linear/dynamic/yarn/llama3).
     if m.max_position_embeddings and lim.max_seq_len > m.max_position_embeddings and m.rope_scaling_type is None:
@@ -205,6 +217,50 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
                                 "rope scaling", f"set limits.max_seq_len <= {m.max_position_embeddings}",
                                 code="seq_len_context"))
     return problems
+
+
+def moe_problems(build: ResolvedBuild, m: ModelShape) -> list[Problem]:
+    """Expert parallelism: TensorRT-LLM's ``Mapping`` (tensorrt_llm/mapping.py) splits the tp ranks into
+    moe_tp_size x moe_ep_size (their product must be tp_size); each expert-parallel rank holds
+    num_experts / moe_ep_size whole experts, each split by moe_tp_size on its intermediate dim."""
+    par, where = build.settings.parallelism, build.where
+    tp = par.tp_size
+    problems: list[Problem] = []
+    if not m.is_moe:
+        for key in ("moe_ep_size", "moe_tp_size"):
+            if getattr(par, key) not in (None, 1):
+                problems.append(Problem(where(f"parallelism.{key}"), getattr(par, key), f"{m.architecture} is a dense "
+                                        "model: it has no experts to split", f"remove parallelism.{key}",
+                                        code="moe_sizes"))
+        return problems
+    moe_tp, moe_ep = par.moe_sizes
+    splits = [(t, tp // t) for t in range(1, tp + 1) if tp % t == 0 and m.num_experts % (tp // t) == 0
+              and m.moe_intermediate_size % t == 0]
+    fix = "use (moe_tp_size, moe_ep_size) in " + ", ".join(f"({a}, {b})" for a, b in splits) if splits else \
+        "change tp_size"
+    if moe_tp * moe_ep != tp:
+        problems.append(Problem(where("parallelism.moe_ep_size"), par.moe_ep_size, f"moe_tp_size x moe_ep_size = "
+                                f"{moe_tp} x {moe_ep} must equal tp_size {tp} (TensorRT-LLM's Mapping splits the tp "
+                                "ranks between them)", fix, code="moe_sizes"))
+        return problems
+    if m.num_experts % moe_ep:
+        problems.append(Problem(where("parallelism.moe_ep_size"), moe_ep, f"num_experts ({m.num_experts}) must be "
+                                "divisible by moe_ep_size (each expert-parallel rank holds whole experts)", fix,
+                                code="experts_ep"))
+    if m.moe_intermediate_size % moe_tp:
+        problems.append(Problem(where("parallelism.moe_tp_size"), moe_tp, f"the experts' intermediate size "
+                                f"({m.moe_intermediate_size}) must be divisible by moe_tp_size", fix,
+                                code="expert_intermediate_tp"))
+    if m.shared_expert_intermediate_size % tp:
+        problems.append(Problem(where("parallelism.tp_size"), tp, f"shared_expert_intermediate_size "
+                                f"({m.shared_expert_intermediate_size}) must be divisible by tp_size",
+                                f"use tp_size in {valid_tp_sizes(m)}", code="intermediate_tp"))
+    return problems
+
+
+def valid_tp_sizes(m: ModelShape) -> list[int]:
+    """tp sizes that split the heads, the KV heads and the dense MLP of ``m``."""
+    return [d for d in _divisors(m.num_attention_heads) if _tp_fits(m, d)]
 
 
 def memory_problems(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> list[Problem]:
@@ -245,15 +301,49 @@ def memory_problems(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> 
     return problems
 
 
-def architecture_problems(hf_config: dict, where: str) -> list[Problem]:
-    """A Problem when config.json names an architecture the pipeline cannot export and read back
-    (plugins.architectures: others fail deep inside calibration or export, so they are refused up front)."""
+def architecture_problems(build: ResolvedBuild, hf_config: dict, where: str) -> list[Problem]:
+    """What config.json's family rules out before any weight is read: an architecture the pipeline does not
+    know, a config field our rules do not know (a rope type), and a runtime or quantization that cannot build
+    this family (plugins.architectures.support, with the runtimes that can)."""
     archs = hf_config.get("architectures") or []
-    if archs and architecture(archs[0]) is None:
-        return [Problem("model.source", where, f"config.json architecture {archs[0]} is not supported (the "
-                        f"pipeline exports and reads back: {', '.join(ARCHITECTURES)})",
-                        "use a Llama-family checkpoint (Llama, Mistral, SmolLM2...)", code="architecture")]
-    return []
+    arch = architecture(archs[0] if archs else None)
+    if arch is None:
+        return [Problem("model.source", where, f"config.json architecture {archs[0]} is not supported (the pipeline "
+                        f"builds: {', '.join(ARCHITECTURES)})", "use a checkpoint of one of these families, or add "
+                        "the family to plugins/architectures.py (README: Extending)", code="architecture")]
+    problems: list[Problem] = []
+    shape = ModelShape.from_hf_config(hf_config)
+    unknown = [t for t in shape.rope_types if t not in ROPE_TYPES]
+    if unknown:
+        problems.append(Problem("model.source", where, f"config.json rope type {unknown[0]!r} is not one the pipeline "
+                                f"knows ({', '.join(ROPE_TYPES)})", "use a checkpoint with a known rope_scaling "
+                                "type, or add it to plugins/architectures.py ROPE_TYPES with its TensorRT-LLM "
+                                "equivalent", code="rope_type"))
+    else:
+        odd = [t for t in shape.rope_types if t not in arch.rope_types]
+        if odd:
+            problems.append(Problem("model.source", where, f"{arch.family} checkpoints use rope types "
+                                    f"{list(arch.rope_types)}; this config.json names {odd[0]!r}", "check the "
+                                    "checkpoint, or add the type to its entry in plugins/architectures.py",
+                                    code="rope_type"))
+    problems += support_problems(build, arch)
+    return problems
+
+
+def support_problems(build: ResolvedBuild, arch: Architecture) -> list[Problem]:
+    """A Problem when ``build``'s runtime or quantization cannot build ``arch``, naming what can."""
+    s, where = build.settings, build.where
+    verdict = support(arch, build.runtime, build.recipe)
+    if verdict.ok:
+        return []
+    quants = [n for n, r in QUANT_RECIPES.items() if support(arch, build.runtime, r).ok]
+    if quants:  # this runtime builds the family, just not with this quantization
+        return [Problem(where("quantization.quant_algo"), s.quantization.quant_algo, f"{arch.family} with runtime "
+                        f"{s.runtime}: {verdict.reason}", f"use quant_algo in {quants}", code="family_quant")]
+    fix = (f"use runtime: {' or '.join(verdict.instead)}" if verdict.instead else "no runtime builds it with this "
+           "quantization; change quantization.quant_algo")
+    return [Problem(where("runtime"), s.runtime, f"runtime {s.runtime} cannot build {arch.family} ({arch.name}): "
+                    f"{verdict.reason}", fix, code="family_runtime")]
 
 
 def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128, osl: int = 128,
@@ -270,11 +360,11 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
         SpecError: every problem at once.
     """
     problems = [] if spec_checked else spec_problems(build, target)
-    problems += architecture_problems(hf_config, str(hf_config.get("_name_or_path", "config.json")))
+    problems += architecture_problems(build, hf_config, str(hf_config.get("_name_or_path", "config.json")))
     if not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
         problems += model_problems(build, hf_config)
     plan = None
-    if not any(p.code in SHARDING_CODES + ("architecture",) for p in problems):
+    if not any(p.code in SHARDING_CODES + ("architecture", "rope_type") for p in problems):
         plan = compute_plan(build, target, hf_config, isl=isl, osl=osl)
         problems += memory_problems(build, target, plan)
     if problems:

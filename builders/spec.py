@@ -57,6 +57,9 @@ class ModelSource(_Strict):
     decoder_type: Optional[str] = Field(None, **decides("checkpoint"))
     """ModelOpt's export decoder type; null takes the architecture's (plugins/architectures.py: ``llama``
     for Llama, Mistral, SmolLM2)."""
+    hf_config: Optional[str] = None
+    """A config.json of the same model for ``trtpipe plan`` while ``source`` is not downloaded yet (relative
+    paths resolve against the YAML file). The build always reads the checkpoint's own."""
 
 
 class CalibrationConfig(_Strict):
@@ -93,6 +96,12 @@ class ParallelismConfig(_Strict):
     """Tensor-parallel size (ranks that split each layer)."""
     pp_size: int = Field(1, ge=1, le=64, **decides("checkpoint"))
     """Pipeline-parallel size (ranks that split the layer stack)."""
+    moe_ep_size: Optional[int] = Field(None, ge=1, le=64, **decides("checkpoint"))
+    """Expert-parallel size of mixture-of-experts layers: the tp ranks split the experts into moe_ep_size groups
+    (each rank holds num_experts / moe_ep_size). null: tp_size / moe_tp_size, or 1. TensorRT-LLM's rule
+    (tensorrt_llm/mapping.py): moe_tp_size x moe_ep_size = tp_size."""
+    moe_tp_size: Optional[int] = Field(None, ge=1, le=64, **decides("checkpoint"))
+    """Tensor-parallel size inside each expert (splits its intermediate dim). null: tp_size / moe_ep_size."""
     gpus_per_node: Optional[int] = Field(None, ge=1, le=64)
     """GPUs per node; null takes the target profile's value (may not exceed it)."""
     num_nodes: int = Field(1, ge=1, le=64)
@@ -102,6 +111,20 @@ class ParallelismConfig(_Strict):
     def world_size(self) -> int:
         """tp_size x pp_size: ranks (GPUs) one engine instance uses."""
         return self.tp_size * self.pp_size
+
+    @property
+    def moe_sizes(self) -> tuple[int, int]:
+        """(moe_tp_size, moe_ep_size) with the defaults filled in as TensorRT-LLM's ``Mapping`` does: neither set
+        gives (tp_size, 1); one set gives the other as tp_size divided by it (rounded down: the rule
+        moe_tp_size x moe_ep_size = tp_size is checked by builders.preflight)."""
+        tp, mtp, mep = self.tp_size, self.moe_tp_size, self.moe_ep_size
+        if mtp is None and mep is None:
+            return tp, 1
+        if mtp is None:
+            return max(1, tp // mep), mep
+        if mep is None:
+            return mtp, max(1, tp // mtp)
+        return mtp, mep
 
 
 ENGINE_LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width")
@@ -472,11 +495,15 @@ def load_spec(path: str | Path, target: str, overrides: dict | None = None) -> R
     bf = parse_build_file(data, str(path))
     settings = resolve_target(bf, data, target, str(path), overrides)
     model = bf.model
+
+    def absolute(p: str) -> str:
+        q = Path(p).expanduser()
+        return str(q if q.is_absolute() else (path.parent / q).resolve())
+
     if not model.source.startswith("embedded:"):
-        src = Path(model.source).expanduser()
-        if not src.is_absolute():
-            src = (path.parent / src).resolve()
-        model = model.model_copy(update={"source": str(src)})
+        model = model.model_copy(update={"source": absolute(model.source)})
+    if model.hf_config:
+        model = model.model_copy(update={"hf_config": absolute(model.hf_config)})
     return ResolvedBuild(name=bf.name, target=target, spec_path=str(path.resolve()), model=model, settings=settings,
                          overridden=tuple(_leaf_paths(bf.targets.get(target) or {})))
 

@@ -243,3 +243,20 @@ def resolve_plugins(*, quant: QuantRecipe, kv_cache_quant_algo: Optional[str], d
 
 HARDWARE_CODES = frozenset({"fp8_sm", "fp8_kv_sm", "int4_sm100", "fp8_context_fmha_needs_fp8", "fp8_context_fmha_sm"})
 """The codes :func:`hardware_problems` reports (the rules report them with the spec field that set them)."""
+
+
+MMHA_HEAD_SIZES = (32, 48, 64, 80, 96, 104, 112, 128, 144, 160, 192, 224, 256)
+"""Head sizes TensorRT-LLM 1.2.1's masked multi-head attention (the generation kernel) is compiled for
+(``cpp/tensorrt_llm/kernels/decoderMaskedMultiheadAttention.cu``; tests/facts/trtllm_1_2_1/model_families.json)."""
+
+
+def decode_attention_kernel(head_dim: int, num_heads: int, num_kv_heads: int, beam_width: int) -> Optional[str]:
+    """The TensorRT-LLM generation-phase attention kernel that serves this shape, or None when none does.
+
+    XQA (``decoderXQAImplJIT/kernelUtils.cpp``) takes head sizes that are multiples of 16 in [16, 256] for
+    grouped-query attention (q heads != kv heads) at beam width 1; otherwise masked MHA needs one of
+    :data:`MMHA_HEAD_SIZES`. Context FMHA has no fixed list (it falls back to unfused attention).
+    """
+    if head_dim % 16 == 0 and 16 <= head_dim <= 256 and num_heads != num_kv_heads and beam_width == 1:
+        return "xqa"
+    return "mmha" if head_dim in MMHA_HEAD_SIZES else None

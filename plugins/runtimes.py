@@ -1,7 +1,7 @@
 """Runtimes: the registry of what serves a build, each entry owning its traits.
 
 A rule or a stage asks a :class:`Runtime` what it needs (``runtime.sharded``,
-``runtime.checkpoint_format``, ``runtime.launcher``...) instead of comparing runtime names.
+``runtime.checkpoint_formats``, ``runtime.launcher``...) instead of comparing runtime names.
 Adding a runtime is adding one entry to :data:`RUNTIMES` (``builders.spec`` takes the spec's
 ``runtime`` choices from it) plus its engine builder and its ``tensorrt_llm`` model template.
 
@@ -27,8 +27,9 @@ class Runtime:
 
     Attributes:
         name: the spec's ``runtime`` value.
-        checkpoint_format: what the checkpoint stage writes: ``trtllm`` (ModelOpt's TensorRT-LLM checkpoint,
-            one ``rank{r}.safetensors`` per tp x pp rank) or ``hf_unified`` (ModelOpt's unified HF export).
+        checkpoint_formats: what the checkpoint stage may write, preferred first: ``trtllm`` (ModelOpt's
+            TensorRT-LLM checkpoint, one ``rank{r}.safetensors`` per tp x pp rank) and/or ``hf_unified``
+            (ModelOpt's unified HF export). The family decides among them (``plugins.architectures.support``).
         engine: the engine stage: ``pytorch`` (merged, dequantized HF weights), ``trtllm-build`` (a TensorRT
             engine, or the GPU-host bundle where TensorRT-LLM is absent) or ``llmapi`` (the HF checkpoint
             itself, read by TensorRT-LLM's LLM API).
@@ -45,7 +46,7 @@ class Runtime:
     """
 
     name: str
-    checkpoint_format: Literal["trtllm", "hf_unified"]
+    checkpoint_formats: tuple[Literal["trtllm", "hf_unified"], ...]
     engine: Literal["pytorch", "trtllm-build", "llmapi"]
     template: str
     sharded: bool
@@ -73,11 +74,11 @@ PORTABLE_RUNTIME_CHOICES: tuple[tuple[str, str, str], ...] = (
 Measurements behind them: docs/benchmarks/h200.md."""
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
-    Runtime("pytorch", checkpoint_format="trtllm", engine="pytorch", template="tensorrt_llm_pytorch",
+    Runtime("pytorch", checkpoint_formats=("trtllm", "hf_unified"), engine="pytorch", template="tensorrt_llm_pytorch",
             sharded=False, image="project", decoupled_only=True, settings=PORTABLE_RUNTIME_CHOICES),
-    Runtime("trtllm", checkpoint_format="trtllm", engine="trtllm-build", template="tensorrt_llm_trtllm",
+    Runtime("trtllm", checkpoint_formats=("trtllm",), engine="trtllm-build", template="tensorrt_llm_trtllm",
             sharded=True, builds_trt_engine=True, launcher="mpirun", engine_config="config.json"),
-    Runtime("trtllm-llmapi", checkpoint_format="hf_unified", engine="llmapi", template="tensorrt_llm_llmapi",
+    Runtime("trtllm-llmapi", checkpoint_formats=("hf_unified",), engine="llmapi", template="tensorrt_llm_llmapi",
             sharded=True),
 )}
 """Every runtime by name; the spec's ``runtime`` choices."""

@@ -22,7 +22,8 @@ def test_project_root_is_trtpipe_home_or_the_current_directory(tmp_path, monkeyp
 def test_key_fields_are_the_declared_ones():
     build = resolve_build(DEFAULT_BUILD, "cpu")
     assert set(build.key_fields("checkpoint")) == {"model.decoder_type", "dtype", "quantization",
-                                                    "parallelism.tp_size", "parallelism.pp_size"}
+                                                    "parallelism.tp_size", "parallelism.pp_size",
+                                                    "parallelism.moe_tp_size", "parallelism.moe_ep_size"}
     assert set(build.key_fields("verify")) == {"quantization.calibration.dataset", "gates"}
     assert set(build.key_fields("engine")) == {"runtime", "limits"}
     assert set(build.key_fields("model_repo")) == {"serving"}
