@@ -1,4 +1,9 @@
-"""Read a TensorRT-LLM checkpoint back into a Hugging Face Llama state dict.
+"""Read a checkpoint the pipeline exported back into a Hugging Face state dict (float32, dequantized).
+
+Two formats: the TensorRT-LLM checkpoint (:func:`to_hf_state_dict`) and ModelOpt's unified HF
+checkpoint (:func:`hf_unified_state_dict`); :func:`read_checkpoint` takes either.
+
+The TensorRT-LLM reader:
 
 Undoes what ``export_tensorrt_llm_checkpoint`` did: pipeline parallelism (layer indices are
 local to each PP rank), tensor parallelism (column-parallel layers are split on the output
@@ -12,9 +17,12 @@ scaling factors (``activation_scaling_factor``, ``kv_cache_scaling_factor``) do 
 weights and are ignored. The result is float32 tensors under HF
 names, so the served or evaluated model carries exactly the checkpoint's quantization error.
 
-Formats: TensorRT-LLM ``tensorrt_llm/models/llama`` checkpoint layout and ModelOpt 0.47
+Formats: TensorRT-LLM ``tensorrt_llm/models/llama`` and ``models/qwen`` checkpoint layouts (Qwen adds
+``attention.qkv.bias`` and, for Qwen3, ``attention.q_layernorm``/``k_layernorm``) and ModelOpt 0.47
 ``modelopt/torch/export`` packing (INT4: two signed nibbles per byte along the output
-dim, low nibble = even row; dequant = q * scale[o, i // group_size]).
+dim, low nibble = even row; dequant = q * scale[o, i // group_size]). The unified HF checkpoint
+(``unified_export_hf.py``) keeps the source model's own tensor names with the same packing, its scales
+named ``weight_scale``/``weight_scale_2``/``pre_quant_scale`` and its group size in ``hf_quant_config.json``.
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ class CheckpointInfo:
     vocab_size: int
     quant_algo: str | None
     group_size: int
+    format: str = "trtllm"
+    """``trtllm`` (rank shards) or ``hf_unified``."""
+    kv_cache_quant_algo: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -63,7 +74,21 @@ class CheckpointInfo:
                    num_kv_heads=cfg.get("num_key_value_heads") or heads,
                    head_size=cfg.get("head_size") or cfg["hidden_size"] // heads,
                    hidden_size=cfg["hidden_size"], vocab_size=cfg["vocab_size"],
-                   quant_algo=q.get("quant_algo"), group_size=q.get("group_size") or 128)
+                   quant_algo=q.get("quant_algo"), group_size=q.get("group_size") or 128,
+                   kv_cache_quant_algo=q.get("kv_cache_quant_algo"))
+
+    @classmethod
+    def read_hf(cls, ckpt_dir: Path) -> "CheckpointInfo":
+        """The unified HF checkpoint's config.json and hf_quant_config.json (no quantization: neither key)."""
+        cfg = json.loads((Path(ckpt_dir) / "config.json").read_text())
+        qpath = Path(ckpt_dir) / "hf_quant_config.json"
+        q = json.loads(qpath.read_text()).get("quantization", {}) if qpath.is_file() else {}
+        heads = cfg["num_attention_heads"]
+        return cls(config=cfg, tp_size=1, pp_size=1, num_layers=cfg["num_hidden_layers"], num_heads=heads,
+                   num_kv_heads=cfg.get("num_key_value_heads") or heads,
+                   head_size=cfg.get("head_dim") or cfg["hidden_size"] // heads, hidden_size=cfg["hidden_size"],
+                   vocab_size=cfg["vocab_size"], quant_algo=q.get("quant_algo"), group_size=q.get("group_size") or 128,
+                   format="hf_unified", kv_cache_quant_algo=q.get("kv_cache_quant_algo"))
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
@@ -81,18 +106,34 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return out.reshape(-1, packed.shape[-1]).to(torch.int8)
 
 
+@dataclass(frozen=True)
+class ScaleNames:
+    """What a format calls a linear layer's scales (suffixes after ``<prefix>.``)."""
+
+    scale: str
+    scale_2: str
+    pre_quant: str
+
+
+TRTLLM_SCALES = ScaleNames("weights_scaling_factor", "weights_scaling_factor_2", "prequant_scaling_factor")
+"""TensorRT-LLM checkpoint (docs/source/architecture/checkpoint.md)."""
+HF_UNIFIED_SCALES = ScaleNames("weight_scale", "weight_scale_2", "pre_quant_scale")
+"""ModelOpt's unified HF checkpoint (modelopt/torch/export/unified_export_hf.py)."""
+
+
 def dequantize_linear(tensors: dict[str, torch.Tensor], prefix: str, quant_algo: str | None,
-                      group_size: int) -> torch.Tensor:
-    """Dequantize one linear layer's rank shard into float32 ``(out, in)``.
+                      group_size: int, names: ScaleNames = TRTLLM_SCALES) -> torch.Tensor:
+    """Dequantize one linear layer's weight into float32 ``(out, in)``.
 
     Args:
-        tensors: the rank's tensors.
-        prefix: e.g. ``transformer.layers.0.attention.qkv``.
+        tensors: the rank's (or the unified checkpoint's) tensors.
+        prefix: e.g. ``transformer.layers.0.attention.qkv`` or ``model.layers.0.self_attn.q_proj``.
         quant_algo: checkpoint ``quant_algo`` (None, FP8, W4A16_AWQ, W4A8_AWQ, W8A8_SQ_PER_CHANNEL...).
         group_size: INT4 group size along the input dim.
+        names: the format's scale tensor names.
     """
     w = tensors[f"{prefix}.weight"]
-    scale = tensors.get(f"{prefix}.weights_scaling_factor")
+    scale = tensors.get(f"{prefix}.{names.scale}")
     if w.dtype == torch.float8_e4m3fn:
         out = w.to(torch.float32) * scale.to(torch.float32)
     elif w.dtype in (torch.int8, torch.uint8) and quant_algo in ("W4A16_AWQ", "W4A8_AWQ", "W4A16"):
@@ -101,7 +142,7 @@ def dequantize_linear(tensors: dict[str, torch.Tensor], prefix: str, quant_algo:
         if s.shape[0] != q.shape[0]:  # some exporters store (in/group, out)
             s = s.T
         out = q * s.repeat_interleave(group_size, dim=1)[:, :q.shape[1]]
-        s2 = tensors.get(f"{prefix}.weights_scaling_factor_2")
+        s2 = tensors.get(f"{prefix}.{names.scale_2}")
         if quant_algo == "W4A8_AWQ" and s2 is not None:
             # The W4A8 kernel feeds FP8 weights to the GEMM: q*s is rounded to FP8 in units of s2.
             s2 = s2.to(torch.float32)
@@ -110,10 +151,10 @@ def dequantize_linear(tensors: dict[str, torch.Tensor], prefix: str, quant_algo:
         s = scale.to(torch.float32)
         out = w.to(torch.float32) * (s.reshape(-1, 1) if s.numel() == w.shape[0] else s)
     elif w.dtype == torch.int8:
-        raise StageError(f"{prefix}: int8 weight without weights_scaling_factor (quant_algo={quant_algo})")
+        raise StageError(f"{prefix}: int8 weight without {names.scale} (quant_algo={quant_algo})")
     else:
         out = w.to(torch.float32)
-    pqs = tensors.get(f"{prefix}.prequant_scaling_factor")
+    pqs = tensors.get(f"{prefix}.{names.pre_quant}")
     if pqs is not None:  # AWQ / SmoothQuant: y = (x * pqs) @ W^T  ==  x @ (W * pqs)^T
         out = out * pqs.to(torch.float32).reshape(1, -1)
     return out
@@ -138,7 +179,7 @@ def _merge_kv(shards: list[torch.Tensor], num_kv_heads: int, tp: int) -> torch.T
 
 def to_hf_state_dict(ckpt_dir: str | Path, vocab_size: int | None = None
                      ) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
-    """Merge all rank shards of a Llama-family checkpoint and dequantize them into HF names.
+    """Merge all rank shards of a Llama- or Qwen-layout TensorRT-LLM checkpoint, dequantized, into HF names.
 
     Args:
         ckpt_dir: the checkpoint folder.
@@ -191,6 +232,16 @@ def to_hf_state_dict(ckpt_dir: str | Path, vocab_size: int | None = None
                                                                  info.num_kv_heads, tp)
                 sd[f"{dst}.self_attn.v_proj.weight"] = _merge_kv([p[q_rows + kv_rows:] for p in qkv],
                                                                  info.num_kv_heads, tp)
+                if f"{src}.attention.qkv.bias" in shards[0]:  # Qwen2: q/k/v bias, split like the weight rows
+                    bias = [s[f"{src}.attention.qkv.bias"].float() for s in shards]
+                    sd[f"{dst}.self_attn.q_proj.bias"] = torch.cat([b[:q_rows] for b in bias])
+                    sd[f"{dst}.self_attn.k_proj.bias"] = _merge_kv([b[q_rows:q_rows + kv_rows] for b in bias],
+                                                                   info.num_kv_heads, tp)
+                    sd[f"{dst}.self_attn.v_proj.bias"] = _merge_kv([b[q_rows + kv_rows:] for b in bias],
+                                                                   info.num_kv_heads, tp)
+                for ours, hf in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm")):  # Qwen3: per-head norms
+                    if f"{src}.attention.{ours}.weight" in shards[0]:
+                        sd[f"{dst}.self_attn.{hf}.weight"] = shards[0][f"{src}.attention.{ours}.weight"].float()
                 sd[f"{dst}.self_attn.o_proj.weight"] = torch.cat(
                     [dequantize_linear(s, f"{src}.attention.dense", qa, gs) for s in shards], dim=1)
                 sd[f"{dst}.mlp.gate_proj.weight"] = torch.cat(
@@ -214,3 +265,91 @@ def to_hf_state_dict(ckpt_dir: str | Path, vocab_size: int | None = None
     except KeyError as exc:
         raise StageError(f"{ckpt_dir}: tensor {exc} missing from the checkpoint") from exc
     return sd, info
+
+
+_HF_SCALE_SUFFIXES = (".weight_scale", ".weight_scale_2", ".pre_quant_scale", ".input_scale", ".k_scale", ".v_scale")
+
+
+def _load_hf_tensors(ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    files = sorted(ckpt_dir.glob("*.safetensors"))
+    if not files:
+        raise StageError(f"{ckpt_dir}: no *.safetensors: not a unified HF checkpoint (the checkpoint stage did not "
+                         "complete; rerun the build)")
+    out: dict[str, torch.Tensor] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})
+    return out
+
+
+def hf_unified_state_dict(ckpt_dir: str | Path, vocab_size: int | None = None
+                          ) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
+    """Dequantize ModelOpt's unified HF checkpoint into float32 tensors under the same (source) names.
+
+    Every ``<prefix>.weight`` with a ``<prefix>.weight_scale`` is a quantized linear layer
+    (:func:`dequantize_linear` with :data:`HF_UNIFIED_SCALES`); activation and KV-cache scales
+    (``input_scale``, ``k_scale``, ``v_scale``) do not change weights and are dropped. Names stay the
+    checkpoint's (the source model's own layout, MoE experts one by one), so ``from_pretrained`` maps them
+    onto the model as it does the source's.
+
+    Raises:
+        StageError: no safetensors file, or a quantized tensor without its scale.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if not (ckpt_dir / "config.json").is_file():
+        raise StageError(f"{ckpt_dir} is not a unified HF checkpoint: config.json is missing")
+    info = CheckpointInfo.read_hf(ckpt_dir)
+    tensors = _load_hf_tensors(ckpt_dir)
+    sd: dict[str, torch.Tensor] = {}
+    for key, t in tensors.items():
+        if key.endswith(_HF_SCALE_SUFFIXES):
+            continue
+        prefix = key[:-len(".weight")] if key.endswith(".weight") else None
+        if prefix is not None and f"{prefix}.weight_scale" in tensors:
+            sd[key] = dequantize_linear(tensors, prefix, info.quant_algo, info.group_size, HF_UNIFIED_SCALES)
+        elif t.dtype in (torch.int8, torch.uint8, torch.float8_e4m3fn):
+            raise StageError(f"{ckpt_dir}: {key} is {t.dtype} without a weight_scale")
+        else:
+            sd[key] = t.float()
+    if vocab_size is not None:
+        for key in ("model.embed_tokens.weight", "lm_head.weight"):
+            if key in sd:
+                sd[key] = sd[key][:vocab_size]
+    return sd, info
+
+
+def read_checkpoint(ckpt_dir: str | Path, vocab_size: int | None = None
+                    ) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
+    """Either format, dequantized: rank shards (``rank0.safetensors``) are a TensorRT-LLM checkpoint, anything
+    else a unified HF checkpoint. Returns (float32 state dict under HF names, info)."""
+    if (Path(ckpt_dir) / "rank0.safetensors").is_file():
+        return to_hf_state_dict(ckpt_dir, vocab_size)
+    return hf_unified_state_dict(ckpt_dir, vocab_size)
+
+
+def write_hf_folder(sd: dict[str, torch.Tensor], hf_dir: Path, out_dir: Path, dtype: torch.dtype,
+                    tie_word_embeddings: bool) -> dict:
+    """Save a dequantized state dict as an HF model folder: ``model.safetensors`` in ``dtype`` and the source's
+    config.json (quantization_config removed, ``tie_word_embeddings`` as given: a tied lm_head is not written).
+    ``from_pretrained(out_dir)`` then loads it with the library's own name mapping. Returns the config written."""
+    from safetensors.torch import save_file
+
+    hf_cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    if tie_word_embeddings:
+        sd = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    hf_cfg["tie_word_embeddings"] = tie_word_embeddings
+    hf_cfg.pop("quantization_config", None)
+    hf_cfg["torch_dtype"] = str(dtype).removeprefix("torch.")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.to(dtype).contiguous() for k, v in sd.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt", "source": "trtpipe dequantized checkpoint"})
+    (out_dir / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+    return hf_cfg
+
+
+def keeps_tied(sd: dict[str, torch.Tensor], hf_config: dict, default: bool = False) -> bool:
+    """Whether the served model ties lm_head to the embedding: the source does and the checkpoint's lm_head
+    (when it has one) equals the embedding (a quantized or separately exported lm_head is kept)."""
+    tied = bool(hf_config.get("tie_word_embeddings", default))
+    lm, emb = sd.get("lm_head.weight"), sd.get("model.embed_tokens.weight")
+    return tied and (lm is None or emb is None or torch.equal(lm, emb))

@@ -95,7 +95,8 @@ def quantize_model(model, *, quant_algo: str, group_size: int, kv_cache_quant_al
     """Quantize ``model`` in place with ModelOpt (fake-quant modules with calibrated scales).
 
     Returns:
-        dict with ``calibration_s``, ``calibration_peak_rss_mib`` and ``calibration_samples``.
+        dict with ``calibration_s``, ``calibration_peak_rss_mib``, ``calibration_samples`` and ``quantized``
+        (False: the recipe quantizes nothing, the model is unchanged).
 
     Raises:
         StageError: ModelOpt refused the model/recipe (message names the cause).
@@ -128,7 +129,7 @@ def quantize_model(model, *, quant_algo: str, group_size: int, kv_cache_quant_al
                 raise StageError(f"ModelOpt quantization ({quant_algo}) failed: {exc}") from exc
     return {"calibration_s": round(timing.wall_s, 3),
             "calibration_peak_rss_mib": round(timing.peak_rss_bytes / 2**20, 1),
-            "calibration_samples": len(calib_samples) if cfg is not None else 0}
+            "calibration_samples": len(calib_samples) if cfg is not None else 0, "quantized": cfg is not None}
 
 
 def export_checkpoint(model, out_dir: Path, *, quant_algo: str, group_size: int, dtype: str, tp_size: int,
@@ -199,7 +200,8 @@ def quantize_to_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, grou
 
 
 def patch_checkpoint_config(config_path: Path, hf_config) -> dict:
-    """Fill in keys ModelOpt 0.47's legacy exporter leaves out for transformers 5 configs.
+    """Fill in keys ModelOpt 0.47's legacy exporter leaves out (for transformers 5 configs, and the family's
+    ``trtllm_keys``: plugins.architectures).
 
     transformers 5 keeps ``rope_theta`` inside ``rope_parameters``; the exporter looks for a
     ``rotary_base`` attribute, finds none and writes nothing, so TensorRT-LLM would fall back
@@ -207,9 +209,14 @@ def patch_checkpoint_config(config_path: Path, hf_config) -> dict:
     any ``prequant_scaling_factor`` (round-to-nearest int4_rtn) gets ``pre_quant_scale: false``.
     Returns the keys set.
     """
+    from plugins.architectures import architecture
+
     cfg = json.loads(config_path.read_text())
     patched = {}
-    for key, value in rope_fields(hf_config).items():
+    arch = architecture((getattr(hf_config, "architectures", None) or [None])[0])
+    family = {"qwen_type": getattr(hf_config, "model_type", None), "attn_bias": arch.qkv_bias if arch else None}
+    wanted = {**rope_fields(hf_config), **{k: family[k] for k in (arch.trtllm_keys if arch else ())}}
+    for key, value in wanted.items():
         if cfg.get(key) != value:
             patched[key] = {"exported": cfg.get(key), "written": value}
             cfg[key] = value

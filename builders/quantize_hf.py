@@ -46,7 +46,10 @@ def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, g
     try:
         model.to(torch_dtype)
         with torch.inference_mode():
-            export_hf_checkpoint(model, export_dir=str(out_dir))
+            if calib["quantized"]:
+                export_hf_checkpoint(model, export_dir=str(out_dir))
+            else:  # nothing quantized: an HF checkpoint (ModelOpt's export refuses unquantized fused MoE experts)
+                model.save_pretrained(str(out_dir))
     except Exception as exc:
         raise StageError(f"ModelOpt unified HF export ({quant_algo}) failed: {exc}") from exc
     copy_tokenizer(hf_dir, out_dir)

@@ -1,7 +1,8 @@
-"""Verify a TensorRT-LLM checkpoint against its source model before any GPU time is spent.
+"""Verify a checkpoint against its source model before any GPU time is spent.
 
-The rank shards are merged and dequantized back into the source architecture
-(:func:`builders.checkpoint.to_hf_state_dict`), and both models score the same held-out text
+The checkpoint (TensorRT-LLM rank shards merged, or ModelOpt's unified HF export) is dequantized back
+into the source architecture (:func:`builders.checkpoint.read_checkpoint`), and both models score the same
+held-out text
 (the ``evaluation`` split of :mod:`builders.calibration`, never seen by calibration):
 
 - ``perplexity`` of each model (next-token NLL over every position but the last of each window);
@@ -56,24 +57,35 @@ class GateError(StageError):
 
 
 def load_checkpoint_model(ckpt_dir: Path, hf_dir: Path):
-    """The source architecture (from ``hf_dir/config.json``) with the checkpoint's dequantized weights, float32."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The source architecture with the checkpoint's dequantized weights (either format), float32.
 
-    from builders.checkpoint import to_hf_state_dict
+    The weights are written as an HF folder in a temporary directory and loaded with ``from_pretrained``, so
+    the library maps the checkpoint's names (MoE experts one by one, fused Phi-3 projections) onto the model
+    exactly as it does the source's.
 
-    config = AutoConfig.from_pretrained(str(hf_dir))
-    sd, info = to_hf_state_dict(ckpt_dir, vocab_size=config.vocab_size)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    if tied and "lm_head.weight" in sd and not torch.equal(sd["lm_head.weight"], sd["model.embed_tokens.weight"]):
-        config.tie_word_embeddings = False  # a separately stored (or quantized) lm_head: keep it
-    elif tied:
-        sd.pop("lm_head.weight", None)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    missing, unexpected = model.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
-    if missing or unexpected:
+    Raises:
+        StageError: the checkpoint's tensors do not map onto the source architecture.
+    """
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    from builders.checkpoint import keeps_tied, read_checkpoint, write_hf_folder
+    from plugins.architectures import architecture
+
+    hf_cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    sd, info = read_checkpoint(ckpt_dir, vocab_size=hf_cfg.get("vocab_size"))
+    arch = architecture((hf_cfg.get("architectures") or [None])[0])
+    tied = keeps_tied(sd, hf_cfg, arch.tie_default if arch else False)
+    with tempfile.TemporaryDirectory(prefix="trtpipe-verify-") as tmp:
+        write_hf_folder(sd, Path(hf_dir), Path(tmp), torch.float32, tied)
+        model, loading = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, output_loading_info=True)
+    missing = [k for k in loading.get("missing_keys", ()) if not (tied and k == "lm_head.weight")]
+    unexpected = list(loading.get("unexpected_keys", ()))
+    if missing or unexpected or loading.get("mismatched_keys"):
         raise StageError(f"{ckpt_dir} does not map onto {type(model).__name__} from {hf_dir}: missing "
-                         f"{missing[:5]}, unexpected {unexpected[:5]}")
+                         f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}, mismatched "
+                         f"{list(loading.get('mismatched_keys') or [])[:5]}")
     return model.eval(), info
 
 
@@ -121,7 +133,7 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
     """Measure the checkpoint against its source on held-out text and apply ``gates``.
 
     Args:
-        ckpt_dir: TensorRT-LLM checkpoint folder.
+        ckpt_dir: TensorRT-LLM checkpoint or unified HF checkpoint folder.
         hf_dir: the source Hugging Face folder (model and tokenizer).
         gates: a :class:`builders.spec.QualityGate` (thresholds, ``eval_samples``, ``eval_seq_len``).
         dataset: evaluation corpus (its held-out ``evaluation`` split is used).
@@ -147,7 +159,7 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
     metrics = compare_models(source, candidate, windows)
     checks = check_gates(metrics, gates)
     report = {"quant_algo": info.quant_algo,
-              "kv_cache_quant_algo": (info.config.get("quantization") or {}).get("kv_cache_quant_algo"),
+              "kv_cache_quant_algo": info.kv_cache_quant_algo, "checkpoint_format": info.format,
               "mapping": {"tp_size": info.tp_size, "pp_size": info.pp_size},
               "evaluation": {"dataset": dataset, "split": "evaluation", "samples": gates.eval_samples,
                              "seq_len": gates.eval_seq_len},

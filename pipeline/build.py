@@ -119,8 +119,8 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
         ckpt = results[0]
         manifest["calibration"] = {k: ckpt.info.get(k) for k in ("calibration_s", "calibration_peak_rss_mib",
                                                                  "calibration_samples")}
-        if stop_after != "checkpoint" and build.runtime.checkpoint_format == "trtllm":
-            results.append(verify_stage(ctx, ckpt))  # the unified HF export (llmapi) has no rank shards to read
+        if stop_after != "checkpoint":
+            results.append(verify_stage(ctx, ckpt))
         if stop_after not in ("checkpoint", "verify"):
             results.append(ENGINE_STAGES[build.runtime.engine](ctx, ckpt))
             if stop_after != "engine" and results[-1].name != "bundle":
@@ -157,7 +157,7 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
     from builders.quantize import needs_calibration, quantize_to_checkpoint
 
     build = ctx.build
-    s, fmt = build.settings, build.runtime.checkpoint_format
+    s, fmt = build.settings, ctx.plan.checkpoint_format
     q = s.quantization
     decoder_type = build.model.decoder_type or architecture(ctx.plan.model.architecture).decoder_type
     key = stage_key(stage="checkpoint", format=fmt, source=ctx.digest, spec=build.key_fields("checkpoint"),

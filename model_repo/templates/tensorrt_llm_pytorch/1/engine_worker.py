@@ -55,7 +55,9 @@ def build_manager(engine_dir, settings, device, dtype_name):
     sampling = load_sampling()
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
     sdpa = apply_sdpa_backends(settings)
-    model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=dtype, attn_implementation="sdpa")
+    with open(_os.path.join(engine_dir, "engine.json")) as fh:  # the family's attention (sdpa unless it has none)
+        attn = _json.load(fh).get("attn_implementation", "sdpa")
+    model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=dtype, attn_implementation=attn)
     model.to(device).eval()
     with open(_os.path.join(engine_dir, "generation_config.json")) as fh:
         gen = _json.load(fh)
