@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from plugins.errors import PipelineError, SpecError
+from plugins.errors import PipelineError, Problem, SpecError
 from plugins.recipes import QUANT_RECIPES
 
 log = logging.getLogger("trtpipe")
@@ -155,8 +155,14 @@ def cmd_plan(args) -> int:
     build = _resolve(args)
     target = get_target(build.target)
     preflight.check(build, target)  # spec-only rules first: no model fetch on a bad spec
-    if args.hf_config:
-        hf_config = json.loads(Path(args.hf_config).read_text())
+    stand_in = args.hf_config or (build.model.hf_config if not Path(build.model.source).exists() else None)
+    if stand_in:  # --hf-config, or the build file's model.hf_config while the weights are not there
+        if not Path(stand_in).is_file():
+            raise SpecError([Problem("--hf-config" if args.hf_config else "model.hf_config", stand_in,
+                                     "no such file", "point it at the model's config.json")], build.spec_path)
+        hf_config = json.loads(Path(stand_in).read_text())
+        hf_config.setdefault("_name_or_path", stand_in)
+        print(f"planning with {stand_in} (model.source {build.model.source} is not read)")
     else:
         from builders.model_fetch import resolve_source
 

@@ -24,7 +24,12 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
     head.add_row("model", f"{plan.model.architecture}: {plan.model.num_hidden_layers} layers, hidden "
                           f"{plan.model.hidden_size}, {plan.model.num_attention_heads} heads / "
                           f"{plan.model.num_key_value_heads} KV heads x {plan.model.head_dim}, vocab "
-                          f"{plan.model.vocab_size} (padded {plan.vocab_padded}), {plan.memory.params_total / 1e6:.1f}M params")
+                          f"{plan.model.vocab_size} (padded {plan.vocab_padded}), {plan.memory.params_total / 1e6:.1f}M params"
+                          + (f"; {plan.model.num_experts} experts, top-{plan.model.num_experts_per_tok}, "
+                             f"{plan.memory.params_active / 1e6:.1f}M active per token" if plan.model.is_moe else ""))
+    head.add_row("checkpoint", f"{plan.checkpoint_format or 'none (refused)'}"
+                               + (f", moe_tp_size {plan.moe_tp_size} x moe_ep_size {plan.moe_ep_size}"
+                                  if plan.model.is_moe else ""))
     head.add_row("quantization", f"{plan.quant_algo} ({plan.trtllm_quant_algo or 'unquantized'}), KV cache "
                                  f"{plan.kv_cache_quant_algo or plan.dtype}, dtype {plan.dtype}")
     head.add_row("parallelism", f"tp_size {plan.tp_size} x pp_size {plan.pp_size} = world_size {plan.world_size}")
