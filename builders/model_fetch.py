@@ -4,7 +4,8 @@ Two kinds of source:
 
 * ``embedded:<name>``: a model shipped inside a PyPI wheel (registry below). The wheel's
   GGUF file is read with transformers (``from_pretrained(dir, gguf_file=...)``, which
-  dequantizes the GGUF tensors), the state dict is copied into a plain model of the same
+  dequantizes the GGUF tensors; any family of plugins.architectures that transformers' GGUF loader
+  reads, :func:`load_gguf_model`), the state dict is copied into a plain model of the same
   architecture and saved with ``save_pretrained`` together with the tokenizer (chat
   template included) and ``generation_config.json``. Done once per cache folder; the
   folder is written to a temporary name and renamed when complete.
@@ -23,6 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from plugins.architectures import ARCHITECTURES, architecture
 from plugins.errors import Problem, SpecError, StageError
 from plugins.fsutil import atomic_dir, cache_root
 
@@ -127,16 +129,62 @@ def fetch_embedded(name: str, cache: Path | None = None) -> Path:
     return out
 
 
-def _convert_gguf(gguf: Path, out: Path, em: EmbeddedModel) -> None:
+GGUF_UNMAPPED_KEYS = {"expert_feed_forward_length": "moe_intermediate_size",
+                      "expert_shared_feed_forward_length": "shared_expert_intermediate_size",
+                      "attention.key_length": "head_dim"}
+"""GGUF metadata (``<arch>.<key>``) transformers 5.24's loader does not map into the config
+(``integrations/ggml.py`` GGUF_CONFIG_MAPPING has no entry for qwen2moe/qwen3moe/qwen3), so the config
+would keep the class defaults and the tensors would not fit; :func:`load_gguf_model` passes them on."""
+
+
+def _gguf_config_overrides(gguf: Path) -> dict:
+    """Config values from ``gguf``'s metadata that transformers leaves out (:data:`GGUF_UNMAPPED_KEYS`)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf))
+    arch_field = reader.fields.get("general.architecture")
+    if arch_field is None:
+        return {}
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+    out = {}
+    for key, attr in GGUF_UNMAPPED_KEYS.items():
+        field = reader.fields.get(f"{arch}.{key}")
+        if field is not None:
+            out[attr] = int(field.parts[field.data[0]][0])
+    return out
+
+
+def load_gguf_model(gguf: Path):
+    """A plain float32 HF model (no GGUF marker) with ``gguf``'s dequantized tensors, read by transformers.
+
+    Raises:
+        StageError: transformers cannot read the file, the architecture is not one the pipeline builds
+            (plugins.architectures), or a tensor of the model is missing from the file (llama.cpp writes
+            Mixtral as ``llama`` with expert tensors: transformers would load a dense Llama with a random MLP).
+    """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        for attr, value in _gguf_config_overrides(gguf).items():
+            if hasattr(config, attr):  # only what this family's config has (Phi-3's has no head_dim)
+                setattr(config, attr, value)
+        loaded, info = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, config=config,
+                                                            dtype=torch.float32, output_loading_info=True)
     except Exception as exc:  # transformers raises many types here
         raise StageError(f"could not read {gguf} with transformers: {exc}. "
                          "Check that the `gguf` and `accelerate` packages are installed (make setup).") from exc
+    name = type(loaded).__name__
+    if architecture(name) is None:
+        raise StageError(f"{gguf}: transformers reads it as {name}, which the pipeline does not build "
+                         f"({', '.join(ARCHITECTURES)})")
+    tied = loaded.config.tie_word_embeddings
+    missing = sorted(k for k in info.get("missing_keys", ()) if not (tied and k == "lm_head.weight"))
+    if missing or info.get("mismatched_keys"):
+        raise StageError(f"{gguf}: tensors of {name} missing from the file: {missing[:5]} (mismatched: "
+                         f"{list(info.get('mismatched_keys') or [])[:5]}); is it another family written under this "
+                         "architecture name?")
     cfg_dict = loaded.config.to_dict()
     cfg_dict.pop("quantization_config", None)  # the GGUF marker: our folder holds plain tensors
     config = AutoConfig.for_model(**{k: v for k, v in cfg_dict.items() if k != "model_type"},
@@ -147,6 +195,17 @@ def _convert_gguf(gguf: Path, out: Path, em: EmbeddedModel) -> None:
     if missing or result.unexpected_keys:
         raise StageError(f"GGUF tensors do not map onto {type(plain).__name__}: "
                          f"missing {missing[:5]}, unexpected {result.unexpected_keys[:5]}")
+    return plain
+
+
+def _convert_gguf(gguf: Path, out: Path, em: EmbeddedModel) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:
+        raise StageError(f"could not read the tokenizer of {gguf} with transformers: {exc}") from exc
+    plain = load_gguf_model(gguf)
     plain.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     (out / "generation_config.json").write_text(json.dumps(em.generation_config, indent=2) + "\n")
