@@ -124,11 +124,12 @@ class ModelShape(_Frozen):
             sliding = layers if window else 0
         moe: dict = {}
         arch = architecture(name)
-        if arch is not None and arch.moe is not None and cfg.get(arch.moe.num_experts_key):
+        experts = next((cfg[k] for k in arch.moe.num_experts_keys if cfg.get(k)), 0) if arch and arch.moe else 0
+        if experts:
             m = arch.moe
             step = int(cfg.get(m.sparse_step_key) or 1) if m.sparse_step_key else 1
             dense = set(cfg.get("mlp_only_layers") or [])
-            moe = {"num_experts": int(cfg[m.num_experts_key]), "num_experts_per_tok": int(cfg.get(m.top_k_key) or 0),
+            moe = {"num_experts": int(experts), "num_experts_per_tok": int(cfg.get(m.top_k_key) or 0),
                    "moe_intermediate_size": int(cfg.get(m.expert_intermediate_key) or 0),
                    "shared_expert_intermediate_size": int(cfg.get(m.shared_expert_key) or 0) if m.shared_expert_key
                    else 0,
@@ -373,7 +374,9 @@ def _weights(shape: ModelShape, tp: int, pp: int, quant: QuantRecipe, group_size
                 * shape.head_dim * dtype_bytes) if arch.qkv_bias else 0
         per_kind[moe_layer] = {"layers": w + bias, "router": router, "scales": sc, "norms": norms + qk}
     vocab_padded = _ceil_div(shape.vocab_size, tp) * tp
-    embedding = shape.vocab_size * h * dtype_bytes          # replicated on the first PP rank
+    # ModelOpt's TensorRT-LLM export shards the embedding over tp (use_parallel_embedding, sharding dim 0);
+    # the unified HF checkpoint and the portable runtime hold it whole (tp is 1 for them here).
+    embedding = (vocab_padded // tp) * h * dtype_bytes      # first PP rank
     lm_head = (vocab_padded // tp) * h * dtype_bytes       # split on dim 0, last PP rank, 16-bit
     if dedupe_tied and shape.tie_word_embeddings:
         lm_head = 0                                         # HF checkpoint: one shared tensor
@@ -454,7 +457,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     moe_tp, moe_ep = par.moe_sizes if engine else (1, 1)
     per_pp, breakdown, params, active = _weights(shape, tp, pp, build.recipe if engine else recipe("none"),
                                                  q.group_size, dtype_bytes, moe_tp=moe_tp, moe_ep=moe_ep,
-                                                 dedupe_tied=not engine or fmt == "hf_unified")
+                                                 dedupe_tied=not engine or fmt != "trtllm")
     weights = max(per_pp)
     vocab_padded = _ceil_div(shape.vocab_size, tp) * tp
     acts = activation_bytes(shape, tp, vocab_padded // tp, lim.max_num_tokens, lim.max_batch_size,

@@ -58,7 +58,8 @@ class MoE:
     """Where a mixture-of-experts family keeps its expert settings in config.json.
 
     Attributes:
-        num_experts_key: routed experts per MoE layer (Mixtral ``num_local_experts``, Qwen ``num_experts``).
+        num_experts_keys: routed experts per MoE layer, the first key config.json has (Mixtral ``num_local_experts``;
+            Qwen ``num_experts``, which transformers 5 writes as ``num_local_experts``).
         top_k_key: experts each token is routed to.
         expert_intermediate_key: the intermediate size of one expert (Mixtral reuses ``intermediate_size``).
         shared_expert_key: the intermediate size of the shared expert every token also runs (Qwen2-MoE);
@@ -67,7 +68,7 @@ class MoE:
             through ``mlp_only_layers``); None: every layer.
     """
 
-    num_experts_key: str
+    num_experts_keys: tuple[str, ...]
     top_k_key: str = "num_experts_per_tok"
     expert_intermediate_key: str = "moe_intermediate_size"
     shared_expert_key: Optional[str] = None
@@ -183,16 +184,16 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  why_no_trtllm=_NO_TRTLLM_EXPORT.format(d="phi3"), rope_types=("default", "longrope"),
                  hf_fused=("qkv_proj", "gate_up_proj")),
     Architecture("MixtralForCausalLM", "Mixtral", "llama", ("hf_unified",), trtllm_build=False, llmapi=True,
-                 why_no_trtllm=_MOE_EXPORT, moe=MoE("num_local_experts", expert_intermediate_key="intermediate_size"),
+                 why_no_trtllm=_MOE_EXPORT, moe=MoE(("num_local_experts",), expert_intermediate_key="intermediate_size"),
                  rope_types=("default",)),
     Architecture("Qwen3MoeForCausalLM", "Qwen3-MoE", "qwen3moe", ("hf_unified",), trtllm_build=False, llmapi=True,
                  why_no_trtllm="ModelOpt 0.47 has no TensorRT-LLM MoE export for qwen3moe (layer_utils.build_moe_config "
                                "asserts the decoder type)",
-                 qk_norm=True, moe=MoE("num_experts", sparse_step_key="decoder_sparse_step"),
+                 qk_norm=True, moe=MoE(("num_experts", "num_local_experts"), sparse_step_key="decoder_sparse_step"),
                  rope_types=("default", "yarn")),
     Architecture("Qwen2MoeForCausalLM", "Qwen2-MoE", "qwen", ("hf_unified",), trtllm_build=False, llmapi=True,
                  why_no_trtllm=_MOE_EXPORT, qkv_bias=True,
-                 moe=MoE("num_experts", shared_expert_key="shared_expert_intermediate_size",
+                 moe=MoE(("num_experts", "num_local_experts"), shared_expert_key="shared_expert_intermediate_size",
                          sparse_step_key="decoder_sparse_step"),
                  rope_types=("default",)),
 )}

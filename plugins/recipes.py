@@ -64,16 +64,17 @@ class QuantRecipe:
 
         16-bit: 2 B/param. FP8: 1 B/param + two per-tensor FP32 scales (weight, activation). INT8
         SmoothQuant: 1 B/param + one FP32 scale per output channel + a per-tensor activation scale.
-        INT4 AWQ: 0.5 B/param, one 16-bit scale per ``group_size`` inputs per output
-        (``weights_scaling_factor (out, in/group)``) and a 16-bit ``prequant_scaling_factor (in,)``;
-        W4A8 (FP8 activations) adds two per-tensor FP32 scales. Layouts: TensorRT-LLM checkpoint format.
+        INT4 AWQ: 0.5 B/param, one FP32 scale per ``group_size`` inputs per output
+        (``weights_scaling_factor (out, in/group)``, float32 as ModelOpt 0.47 exports it) and a 16-bit
+        ``prequant_scaling_factor (in,)``; W4A8 (FP8 activations) adds two per-tensor FP32 scales. Layouts:
+        TensorRT-LLM checkpoint format (tests/builders/test_families.py compares with exported bytes).
         """
         params = n_in * n_out
         if not self.quantized:
             return params * dtype_bytes, 0
         weight = params * self.weight_bits // 8
         if self.uses_group_size:
-            scales = n_out * _ceil_div(n_in, group_size) * dtype_bytes + n_in * dtype_bytes
+            scales = n_out * _ceil_div(n_in, group_size) * 4 + n_in * dtype_bytes
             return weight, scales + (2 * 4 if self.fp8_compute else 0)
         if self.per_channel_scales:
             return weight, n_out * 4 + 4

@@ -85,10 +85,11 @@ def test_weights_llama3_8b_int4_awq_tp2(llama3_8b):
     # per rank: qkv 4096x3072, dense 2048x4096, fc/gate 4096x7168, proj 7168x4096 (in x out)
     shards = [(4096, 3072), (2048, 4096), (4096, 7168), (4096, 7168), (7168, 4096)]
     weights = sum(i * o // 2 for i, o in shards)                               # 0.5 B/param
-    scales = sum(o * (i // 128) * 2 + i * 2 for i, o in shards)                # group scales + prequant
+    scales = sum(o * (i // 128) * 4 + i * 2 for i, o in shards)  # fp32 group scales + 16-bit prequant scale
     b = plan.memory.weights_breakdown
-    assert (b["layers"], b["scales"]) == (32 * weights, 32 * scales) == (32 * 54_525_952, 32 * 1_746_944)
-    assert b["lm_head"] == 128256 // 2 * 4096 * 2 and b["embedding"] == 128256 * 4096 * 2
+    assert (b["layers"], b["scales"]) == (32 * weights, 32 * scales) == (32 * 54_525_952, 32 * 3_450_880)
+    # ModelOpt's export shards the embedding over tp too (use_parallel_embedding, sharding dim 0)
+    assert b["lm_head"] == 128256 // 2 * 4096 * 2 and b["embedding"] == 128256 // 2 * 4096 * 2
 
 
 def test_pipeline_parallel_splits_embedding_and_lm_head(llama3_8b):

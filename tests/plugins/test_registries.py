@@ -44,9 +44,10 @@ def test_each_recipe_names_a_modelopt_config(name):
 
 
 def test_recipe_bytes_follow_their_traits():
-    # 4096 x 4096 shard, group 128, fp16 scales: INT4 AWQ = 0.5 B/param + per-group scales + prequant scale
+    # 4096 x 4096 shard, group 128: INT4 AWQ = 0.5 B/param + fp32 per-group scales (as ModelOpt 0.47 exports them)
+    # + a 16-bit prequant scale
     w, s = QUANT_RECIPES["int4_awq"].linear_bytes(4096, 4096, 128, 2)
-    assert w == 4096 * 4096 // 2 and s == 4096 * 32 * 2 + 4096 * 2
+    assert w == 4096 * 4096 // 2 and s == 4096 * 32 * 4 + 4096 * 2
     w8, s8 = QUANT_RECIPES["w4a8_awq"].linear_bytes(4096, 4096, 128, 2)
     assert (w8, s8) == (w, s + 8)  # W4A8 adds the two per-tensor FP32 scales of its FP8 activations
     assert QUANT_RECIPES["int8_sq"].linear_bytes(4096, 1024, 128, 2) == (4096 * 1024, 1024 * 4 + 4)
