@@ -282,6 +282,25 @@ def cmd_schema(args) -> int:
     return 0
 
 
+def cmd_families(args) -> int:
+    from plugins.architectures import support_markdown
+
+    table = support_markdown()
+    if args.write_docs:
+        doc = Path(args.write_docs)
+        text = doc.read_text()
+        begin, end = "<!-- families:begin -->", "<!-- families:end -->"
+        if begin not in text or end not in text:
+            raise SpecError([Problem("--write-docs", str(doc), f"has no {begin} ... {end} block",
+                                     "add the two marker lines where the table goes")])
+        head, rest = text.split(begin, 1)
+        doc.write_text(head + begin + "\n" + table + end + rest.split(end, 1)[1])
+        print(f"wrote the family table into {doc}")
+    else:
+        sys.stdout.write(table)
+    return 0
+
+
 def cmd_fetch(args) -> int:
     from builders.model_fetch import resolve_source
 
@@ -392,6 +411,12 @@ def make_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schema", help="print the JSON Schema of build files (for editor completion)")
     s.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
     s.set_defaults(func=cmd_schema)
+
+    f = sub.add_parser("families", help="which model families each runtime builds, with which quantizations "
+                                        "(markdown)")
+    f.add_argument("--write-docs", default=None, metavar="MD", help="replace the table between the families "
+                   "markers of this file (docs/writing-a-build-file.md)")
+    f.set_defaults(func=cmd_families)
 
     c = sub.add_parser("cache", help="list or clean cached stage outputs under build/")
     csub = c.add_subparsers(dest="cache_command", required=True, metavar="ACTION")

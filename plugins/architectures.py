@@ -86,7 +86,8 @@ class Architecture:
         checkpoint_formats: what ModelOpt 0.47 exports for it on transformers 5, in the pipeline's
             preference: ``trtllm`` (``export_tensorrt_llm_checkpoint``, rank shards) and/or ``hf_unified``
             (``export_hf_checkpoint``).
-        trtllm_build: TensorRT-LLM 1.2.1's engine path (``MODEL_MAP``) builds the exported checkpoint.
+        trtllm_build: TensorRT-LLM 1.2.1's engine path (``MODEL_MAP``) has the family (it still needs the
+            ``trtllm`` checkpoint format, which ModelOpt may not export for it).
         llmapi: TensorRT-LLM 1.2.1's PyTorch backend registers it (the ``trtllm-llmapi`` runtime).
         why_no_trtllm: one clause: why the TensorRT engine path cannot build it (empty when it can).
         qkv_bias: q/k/v projections carry a bias (Qwen2).
@@ -173,25 +174,25 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("Qwen3ForCausalLM", "Qwen3", "qwen", ("trtllm", "hf_unified"), trtllm_build=True, llmapi=True,
                  qk_norm=True, rope_types=("default", "yarn", "linear", "dynamic"),
                  trtllm_keys=("qwen_type", "attn_bias")),
-    Architecture("Gemma2ForCausalLM", "Gemma 2", "gemma2", ("hf_unified",), trtllm_build=False, llmapi=False,
+    Architecture("Gemma2ForCausalLM", "Gemma 2", "gemma2", ("hf_unified",), trtllm_build=True, llmapi=False,
                  why_no_trtllm=_NO_TRTLLM_EXPORT.format(d="gemma2"), portable_attention="eager",
                  rope_types=("default",), tie_default=True, norms_per_layer=4),
-    Architecture("Gemma3ForCausalLM", "Gemma 3 (text)", "gemma3", ("hf_unified",), trtllm_build=False, llmapi=True,
+    Architecture("Gemma3ForCausalLM", "Gemma 3 (text)", "gemma3", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm="ModelOpt 0.47 refuses the TensorRT-LLM checkpoint for gemma3 (\"not supported by "
                                "TensorRT-LLM yet\"; it names the PyTorch backend)",
                  qk_norm=True, rope_types=("default", "linear"), tie_default=True, norms_per_layer=4),
-    Architecture("Phi3ForCausalLM", "Phi-3/Phi-4", "phi3", ("hf_unified",), trtllm_build=False, llmapi=True,
+    Architecture("Phi3ForCausalLM", "Phi-3/Phi-4", "phi3", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm=_NO_TRTLLM_EXPORT.format(d="phi3"), rope_types=("default", "longrope"),
                  hf_fused=("qkv_proj", "gate_up_proj")),
-    Architecture("MixtralForCausalLM", "Mixtral", "llama", ("hf_unified",), trtllm_build=False, llmapi=True,
+    Architecture("MixtralForCausalLM", "Mixtral", "llama", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm=_MOE_EXPORT, moe=MoE(("num_local_experts",), expert_intermediate_key="intermediate_size"),
                  rope_types=("default",)),
-    Architecture("Qwen3MoeForCausalLM", "Qwen3-MoE", "qwen3moe", ("hf_unified",), trtllm_build=False, llmapi=True,
+    Architecture("Qwen3MoeForCausalLM", "Qwen3-MoE", "qwen3moe", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm="ModelOpt 0.47 has no TensorRT-LLM MoE export for qwen3moe (layer_utils.build_moe_config "
                                "asserts the decoder type)",
                  qk_norm=True, moe=MoE(("num_experts", "num_local_experts"), sparse_step_key="decoder_sparse_step"),
                  rope_types=("default", "yarn")),
-    Architecture("Qwen2MoeForCausalLM", "Qwen2-MoE", "qwen", ("hf_unified",), trtllm_build=False, llmapi=True,
+    Architecture("Qwen2MoeForCausalLM", "Qwen2-MoE", "qwen", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm=_MOE_EXPORT, qkv_bias=True,
                  moe=MoE(("num_experts", "num_local_experts"), shared_expert_key="shared_expert_intermediate_size",
                          sparse_step_key="decoder_sparse_step"),
@@ -261,3 +262,42 @@ def support(arch: Architecture, runtime: Runtime, quant) -> Support:
         return Support(fmt)
     instead = tuple(n for n, rt in RUNTIMES.items() if n != runtime.name and one(rt)[0] is not None)
     return Support(None, why, instead)
+
+
+def support_markdown(quant_names: Optional[list[str]] = None) -> str:
+    """The families x runtimes x quantizations table of docs/writing-a-build-file.md, from :func:`support`.
+
+    Each cell lists the quantizations a runtime builds the family with and the checkpoint format it writes;
+    refusals point at numbered reasons below the table. Target gates (FP8 needs SM 89+, ...) apply on top.
+    """
+    from plugins.recipes import QUANT_RECIPES
+
+    quants = quant_names or list(QUANT_RECIPES)
+    reasons: list[str] = []
+
+    def note(reason: str) -> str:
+        if reason not in reasons:
+            reasons.append(reason)
+        return f"[{reasons.index(reason) + 1}]"
+
+    head = "| Family | `architectures[0]` | " + " | ".join(f"`{r}`" for r in RUNTIMES) + " |"
+    lines = [head, "|" + "---|" * (2 + len(RUNTIMES))]
+    for arch in ARCHITECTURES.values():
+        cells = []
+        for rt in RUNTIMES.values():
+            verdicts = {q: support(arch, rt, QUANT_RECIPES[q]) for q in quants}
+            ok = [q for q, v in verdicts.items() if v.ok]
+            refused = {q: v for q, v in verdicts.items() if not v.ok}
+            if not ok:
+                v = next(iter(refused.values()))
+                cells.append(f"refused {note(v.reason)}" + (f"; use {', '.join(v.instead)}" if v.instead else ""))
+                continue
+            fmt = {verdicts[q].checkpoint_format for q in ok}
+            cell = ("all" if not refused else ", ".join(ok)) + f" ({', '.join(sorted(fmt))})"
+            for v in {v.reason: v for v in refused.values()}.values():
+                cell += f"; {', '.join(q for q, w in refused.items() if w.reason == v.reason)} refused {note(v.reason)}"
+            cells.append(cell)
+        lines.append(f"| {arch.family} | `{arch.name}` | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"{i}. {r}" for i, r in enumerate(reasons, 1)]
+    return "\n".join(lines) + "\n"

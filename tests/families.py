@@ -24,7 +24,9 @@ FAMILIES = {  # HF architecture -> (config class, extra config fields)
     "Qwen2ForCausalLM": ("Qwen2Config", dict(tie_word_embeddings=True)),
     "Qwen3ForCausalLM": ("Qwen3Config", dict(head_dim=32)),
     "Gemma2ForCausalLM": ("Gemma2Config", dict(head_dim=32, sliding_window=16, query_pre_attn_scalar=32)),
-    "Gemma3ForCausalLM": ("Gemma3TextConfig", dict(head_dim=32, sliding_window=16, query_pre_attn_scalar=32)),
+    # untied: a tiny random Gemma 3 with tied, sqrt(hidden)-scaled embeddings only repeats its last prompt token
+    "Gemma3ForCausalLM": ("Gemma3TextConfig", dict(head_dim=32, sliding_window=16, query_pre_attn_scalar=32,
+                                                   tie_word_embeddings=False)),
     "Phi3ForCausalLM": ("Phi3Config", dict()),
     "MixtralForCausalLM": ("MixtralConfig", dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)),
     "Qwen3MoeForCausalLM": ("Qwen3MoeConfig", dict(head_dim=32, num_experts=4, num_experts_per_tok=2,
@@ -59,4 +61,21 @@ def save_tiny(arch: str, out: Path, seed: int = 0, **overrides) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
         if (src / name).is_file():
             shutil.copy2(src / name, out / name)
+    return out
+
+
+def fake_quant_weights(model) -> dict:
+    """ModelOpt's simulated weights of every quantized nn.Linear: weight_quantizer(weight) x pre-quant scale
+    (float32 tensors by ``<module>.weight``)."""
+    import torch
+
+    out = {}
+    with torch.no_grad():
+        for name, mod in model.named_modules():
+            wq = getattr(mod, "weight_quantizer", None)
+            if wq is None or not getattr(wq, "is_enabled", False) or not isinstance(mod, torch.nn.Linear):
+                continue
+            w = wq(mod.weight.float())
+            pqs = getattr(mod.input_quantizer, "_pre_quant_scale", None)
+            out[f"{name}.weight"] = w if pqs is None else w * pqs.float().reshape(1, -1)
     return out

@@ -30,7 +30,7 @@ from plugins.architectures import ARCHITECTURES, support
 from plugins.errors import StageError
 from plugins.recipes import recipe
 from plugins.runtimes import RUNTIMES
-from tests.families import FAMILIES, SHORT, tiny_model
+from tests.families import FAMILIES, SHORT, fake_quant_weights, tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -55,20 +55,6 @@ def _cases():
 def calib_samples():
     g = torch.Generator().manual_seed(1234)
     return torch.randint(0, 49152, (2, 16), generator=g).tolist()
-
-
-def fake_quant_weights(model) -> dict[str, torch.Tensor]:
-    """ModelOpt's simulated weights of every quantized nn.Linear: weight_quantizer(weight) x pre-quant scale."""
-    out = {}
-    with torch.no_grad():
-        for name, mod in model.named_modules():
-            wq = getattr(mod, "weight_quantizer", None)
-            if wq is None or not getattr(wq, "is_enabled", False) or not isinstance(mod, torch.nn.Linear):
-                continue
-            w = wq(mod.weight.float())
-            pqs = getattr(mod.input_quantizer, "_pre_quant_scale", None)
-            out[f"{name}.weight"] = w if pqs is None else w * pqs.float().reshape(1, -1)
-    return out
 
 
 class Exports:

@@ -19,6 +19,7 @@ import torch
 from builders.checkpoint import to_hf_state_dict
 from builders.quantize import export_checkpoint, quantize_model
 from tests.conftest import tiny_llama_model
+from tests.families import fake_quant_weights
 
 pytestmark = pytest.mark.slow  # ModelOpt quantize/export of a tiny model in every test
 
@@ -47,20 +48,6 @@ def tiny_model(vocab: int = VOCAB):
 def calib_samples(n: int = 2, seq: int = 16, vocab: int = VOCAB) -> list[list[int]]:
     g = torch.Generator().manual_seed(1234)
     return torch.randint(0, vocab, (n, seq), generator=g).tolist()
-
-
-def fake_quant_weights(model) -> dict[str, torch.Tensor]:
-    """ModelOpt's simulated weights: weight_quantizer(weight), times the AWQ/SmoothQuant pre-quant scale."""
-    out = {}
-    with torch.no_grad():
-        for name, mod in model.named_modules():
-            wq = getattr(mod, "weight_quantizer", None)
-            if wq is None or not wq.is_enabled:
-                continue
-            w = wq(mod.weight.float())
-            pqs = getattr(mod.input_quantizer, "_pre_quant_scale", None)
-            out[f"{name}.weight"] = w if pqs is None else w * pqs.float().reshape(1, -1)
-    return out
 
 
 class Quantized:

@@ -66,3 +66,13 @@ def test_every_problem_is_reported_at_once(tmp_path):
     with pytest.raises(SpecError) as err:
         load_spec(_write(tmp_path, "name: b\nruntime: tpu\nlimits: {max_batch_size: 0, tokens_per_block: 48}\n"), "cpu")
     assert set(err.value.fields()) == {"runtime", "limits.max_batch_size", "limits.tokens_per_block"}
+
+
+def test_docs_family_table_is_the_generated_one():
+    from plugins.architectures import support_markdown
+
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "writing-a-build-file.md").read_text()
+    block = text.split("<!-- families:begin -->\n", 1)[1].split("<!-- families:end -->", 1)[0]
+    assert block == support_markdown(), "stale: run `trtpipe families --write-docs docs/writing-a-build-file.md`"

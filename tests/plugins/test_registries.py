@@ -79,3 +79,34 @@ def test_a_bad_target_profile_is_named_with_its_fields(tmp_path):
     text = str(err.value)
     assert "problems in the target profiles" in text and "mygpu.yaml: kind" in text and "mygpu.yaml: foo" in text
     assert "Traceback" not in text
+
+
+def test_family_paths_follow_the_recorded_trtllm_facts():
+    """trtllm_build / llmapi traits = TensorRT-LLM 1.2.1's MODEL_MAP and PyTorch-backend registrations, as recorded
+    from upstream (tests/facts/trtllm_1_2_1/model_families.json); the ModelOpt QWen name is in MODEL_MAP too."""
+    import json
+    from pathlib import Path
+
+    facts = json.loads((Path(__file__).resolve().parents[1] / "facts" / "trtllm_1_2_1" / "model_families.json")
+                       .read_text())
+    for arch in ARCHITECTURES.values():
+        assert arch.trtllm_build == (arch.name in facts["engine_model_map"]), arch.name
+        assert arch.llmapi == (arch.name in facts["pytorch_backend_architectures"]), arch.name
+    assert "QWenForCausalLM" in facts["engine_model_map"]
+
+
+def test_support_names_an_alternative_for_every_refusal():
+    from plugins.architectures import support
+    from plugins.runtimes import RUNTIMES
+
+    for arch in ARCHITECTURES.values():
+        for rt in RUNTIMES.values():
+            for q in QUANT_RECIPES.values():
+                v = support(arch, rt, q)
+                assert v.ok or v.reason, (arch.name, rt.name, q.name)
+                assert v.ok == (v.checkpoint_format in rt.checkpoint_formats), (arch.name, rt.name, q.name)
+    # Gemma 2 only through the portable runtime; MoE INT4 nowhere
+    gemma2 = ARCHITECTURES["Gemma2ForCausalLM"]
+    assert support(gemma2, RUNTIMES["trtllm"], QUANT_RECIPES["fp8"]).instead == ("pytorch",)
+    mixtral = ARCHITECTURES["MixtralForCausalLM"]
+    assert not any(support(mixtral, rt, QUANT_RECIPES["int4_awq"]).ok for rt in RUNTIMES.values())

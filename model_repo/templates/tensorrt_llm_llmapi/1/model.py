@@ -83,10 +83,22 @@ class TritonPythonModel:
         kv = KvCacheConfig(free_gpu_memory_fraction=float(_param(cfg, "kv_cache_free_gpu_mem_fraction", "0.9")),
                            max_tokens=int(_param(cfg, "max_tokens_in_paged_kv_cache")),
                            enable_block_reuse=_param(cfg, "enable_kv_cache_reuse", "false") == "true")
+        engine_json = _os.path.join(_param(cfg, "gpt_model_path"), "engine.json")
+        mapping = {}
+        if _os.path.isfile(engine_json):
+            with open(engine_json) as fh:
+                mapping = json.load(fh).get("mapping") or {}
+        parallel = {"tensor_parallel_size": mapping.get("tp_size", 1),
+                    "pipeline_parallel_size": mapping.get("pp_size", 1)}
+        if mapping.get("moe_ep_size", 1) > 1 or mapping.get("moe_tp_size", mapping.get("tp_size", 1)) != \
+                mapping.get("tp_size", 1):
+            parallel.update(moe_tensor_parallel_size=mapping["moe_tp_size"],
+                            moe_expert_parallel_size=mapping["moe_ep_size"])
         self.llm = LLM(model=_param(cfg, "gpt_model_path"), max_batch_size=int(_param(cfg, "max_batch_size")),
                        max_num_tokens=int(_param(cfg, "max_num_tokens")), max_seq_len=self.max_seq_len,
                        max_beam_width=int(_param(cfg, "max_beam_width", "1")), kv_cache_config=kv,
-                       enable_chunked_prefill=_param(cfg, "enable_chunked_context", "false") == "true")
+                       enable_chunked_prefill=_param(cfg, "enable_chunked_context", "false") == "true",
+                       **parallel)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
