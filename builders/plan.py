@@ -106,7 +106,7 @@ class ModelShape(_Frozen):
         missing = [k for k in required if not isinstance(cfg.get(k), int)]
         if missing:
             raise SpecError([Problem(field, cfg.get("_name_or_path"), f"the model's config.json lacks {missing}",
-                                     "point model.source at a decoder-only HF checkpoint (Llama family)",
+                                     "point model.source at a decoder-only HF checkpoint (`trtpipe families` lists them)",
                                      code="model_config")])
         heads = cfg["num_attention_heads"]
         layers = cfg["num_hidden_layers"]
