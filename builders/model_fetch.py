@@ -103,6 +103,22 @@ def resolve_source(source: str) -> Path:
     return path
 
 
+def local_hf_config(source: str) -> dict | None:
+    """config.json of ``source`` when it can be read without fetching anything (a local folder that has one),
+    else None (an embedded model not converted yet, or a missing folder)."""
+    if source.startswith("embedded:"):
+        return None
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    cfg.setdefault("_name_or_path", source)
+    return cfg
+
+
 def fetch_embedded(name: str, cache: Path | None = None) -> Path:
     """Convert the embedded model ``name`` into an HF folder under the cache, once.
 

@@ -517,6 +517,9 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     if arch is not None and arch.portable_attention != "sdpa" and not engine:
         warnings.append(f"{arch.family}: the portable runtime runs {arch.portable_attention} attention (transformers has "
                         "no SDPA path for its logit soft-capping): slower than SDPA")
+    if not engine and q.kv_cache_quant_algo:
+        warnings.append(f"runtime '{s.runtime}' keeps the KV cache in {act_dtype}: kv_cache_quant_algo "
+                        f"{q.kv_cache_quant_algo} only applies in TensorRT-LLM (counted at {dtype_bytes} B/element)")
     if not engine and build.recipe.quantized:
         warnings.append(f"runtime '{s.runtime}' dequantizes weights to {act_dtype}: {q.quant_algo} changes "
                         "accuracy and disk size, not serving memory")

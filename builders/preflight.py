@@ -142,10 +142,13 @@ def _resolver_refusals(build: ResolvedBuild, sm: int) -> list[Problem]:
     return []
 
 
-def check(build: ResolvedBuild, target: TargetProfile) -> None:
-    """Raise SpecError when the spec breaks a rule that needs no model files."""
+def check(build: ResolvedBuild, target: TargetProfile, hf_config: dict | None = None) -> None:
+    """Raise SpecError when the spec breaks a rule that needs no model files. With ``hf_config`` (a config.json
+    already at hand: nothing is fetched) the model's rules join the same error, so every problem shows at once."""
     problems = spec_problems(build, target)
     if problems:
+        if hf_config is not None:
+            make_plan(build, target, hf_config)  # raises: the spec's problems and the model's together
         raise SpecError(problems, build.spec_path)
 
 
@@ -339,7 +342,7 @@ def support_problems(build: ResolvedBuild, arch: Architecture) -> list[Problem]:
     quants = [n for n, r in QUANT_RECIPES.items() if support(arch, build.runtime, r).ok]
     if quants:  # this runtime builds the family, just not with this quantization
         return [Problem(where("quantization.quant_algo"), s.quantization.quant_algo, f"{arch.family} with runtime "
-                        f"{s.runtime}: {verdict.reason}", f"use quant_algo in {quants}", code="family_quant")]
+                        f"{s.runtime}: {verdict.reason}", f"use quant_algo: {' | '.join(quants)}", code="family_quant")]
     fix = (f"use runtime: {' or '.join(verdict.instead)}" if verdict.instead else "no runtime builds it with this "
            "quantization; change quantization.quant_algo")
     return [Problem(where("runtime"), s.runtime, f"runtime {s.runtime} cannot build {arch.family} ({arch.name}): "

@@ -90,7 +90,8 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     """
     t_start = time.time()
     target = get_target(build.target)
-    preflight.check(build, target)  # cheap checks first: nothing heavy runs on a bad spec
+    # cheap checks first: nothing heavy runs on a bad spec (a local config.json joins them: all problems at once)
+    preflight.check(build, target, model_fetch.local_hf_config(build.model.source))
     out = build_dir(build, out_root, variant)
     if toolchain is None and build.runtime.engine == "trtllm-build":
         from builders.engine_trtllm import installed_toolchain

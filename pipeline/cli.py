@@ -148,14 +148,15 @@ def cmd_verify(args) -> int:
 
 def cmd_plan(args) -> int:
     from builders import preflight
+    from builders.model_fetch import local_hf_config, resolve_source
     from builders.plan import read_hf_config
     from pipeline.plan_view import render_plan
     from plugins.targets import get_target
 
     build = _resolve(args)
     target = get_target(build.target)
-    preflight.check(build, target)  # spec-only rules first: no model fetch on a bad spec
     stand_in = args.hf_config or (build.model.hf_config if not Path(build.model.source).exists() else None)
+    hf_config = None
     if stand_in:  # --hf-config, or the build file's model.hf_config while the weights are not there
         if not Path(stand_in).is_file():
             raise SpecError([Problem("--hf-config" if args.hf_config else "model.hf_config", stand_in,
@@ -163,9 +164,9 @@ def cmd_plan(args) -> int:
         hf_config = json.loads(Path(stand_in).read_text())
         hf_config.setdefault("_name_or_path", stand_in)
         print(f"planning with {stand_in} (model.source {build.model.source} is not read)")
-    else:
-        from builders.model_fetch import resolve_source
-
+    # spec-only rules first, no model fetch on a bad spec; a config.json at hand joins them (all problems at once)
+    preflight.check(build, target, hf_config or local_hf_config(build.model.source))
+    if hf_config is None:
         hf_config = read_hf_config(resolve_source(build.model.source))
     plan = preflight.make_plan(build, target, hf_config, isl=args.isl, osl=args.osl, spec_checked=True)
     out = args.output or (_folder(args, build) / "plan.json")
@@ -370,7 +371,7 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--output", type=Path, default=None, help="write plan.json here (default: "
                                                               "build/<name>/<target>/plan.json)")
     pl.add_argument("--hf-config", default=None, help="plan against this HF config.json instead of fetching "
-                                                      "model.source (e.g. tests/assets/llama-3-8b/config.json)")
+                    "model.source (default: the build file's model.hf_config while model.source is absent)")
     pl.set_defaults(func=cmd_plan)
 
     d = sub.add_parser("deploy", help="(re)write or print the docker compose / Kubernetes files of a built build",
@@ -413,7 +414,11 @@ def make_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_schema)
 
     f = sub.add_parser("families", help="which model families each runtime builds, with which quantizations "
-                                        "(markdown)")
+                                        "(markdown)",
+                       description="Print the table of model families (HF architectures[0]) x runtimes: each cell "
+                                   "lists the quant_algo values that runtime builds the family with ('all': every "
+                                   "one) and the checkpoint format it writes, or why it refuses (numbered reasons "
+                                   "below the table). From plugins/architectures.py.")
     f.add_argument("--write-docs", default=None, metavar="MD", help="replace the table between the families "
                    "markers of this file (docs/writing-a-build-file.md)")
     f.set_defaults(func=cmd_families)

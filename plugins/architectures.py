@@ -281,7 +281,9 @@ def support_markdown(quant_names: Optional[list[str]] = None) -> str:
         return f"[{reasons.index(reason) + 1}]"
 
     head = "| Family | `architectures[0]` | " + " | ".join(f"`{r}`" for r in RUNTIMES) + " |"
-    lines = [head, "|" + "---|" * (2 + len(RUNTIMES))]
+    lines = ["Each cell: the `quant_algo` values the runtime builds the family with (`all`: every one) and, in "
+             "parentheses, the checkpoint format it writes; or `refused [n]` with the reason numbered below.", "",
+             head, "|" + "---|" * (2 + len(RUNTIMES))]
     for arch in ARCHITECTURES.values():
         cells = []
         for rt in RUNTIMES.values():

@@ -165,6 +165,7 @@ def resolve_plugins(*, quant: QuantRecipe, kv_cache_quant_algo: Optional[str], d
     wants_paged_ctx = enable_kv_cache_reuse or enable_chunked_context
     why = " and ".join(n for n, on in (("KV-cache reuse", enable_kv_cache_reuse),
                                         ("chunked context", enable_chunked_context)) if on)
+    need = "need" if enable_kv_cache_reuse and enable_chunked_context else "needs"
     # Under paged context FMHA trtllm-build sets FP8 context FMHA = (FP8 KV cache): a spec asking otherwise
     # can only be honoured with paged context FMHA off.
     against_kv = (fp8_ctx_possible and use_fp8_context_fmha is not None and use_fp8_context_fmha != kv_fp8)
@@ -173,7 +174,7 @@ def resolve_plugins(*, quant: QuantRecipe, kv_cache_quant_algo: Optional[str], d
         if wants_paged_ctx and strict:
             raise SpecError([Problem(
                 "quantization.kv_cache_quant_algo", kv_cache_quant_algo,
-                f"{why} need(s) paged context FMHA, which TensorRT-LLM 1.2 disables with an FP8 KV cache unless "
+                f"{why} {need} paged context FMHA, which TensorRT-LLM 1.2 disables with an FP8 KV cache unless "
                 f"FP8 context FMHA runs (weights {qa or 'unquantized'} on SM {sm}: it does not)",
                 "set kv_cache_quant_algo: null, or use quant_algo fp8 on an FP8-context-FMHA target, or turn off "
                 "serving.enable_kv_cache_reuse / enable_chunked_context", code="fp8_kv_paged_context")])
@@ -184,7 +185,7 @@ def resolve_plugins(*, quant: QuantRecipe, kv_cache_quant_algo: Optional[str], d
         if wants_paged_ctx and strict:
             raise SpecError([Problem(
                 "quantization.use_fp8_context_fmha", use_fp8_context_fmha,
-                f"{why} need(s) paged context FMHA, under which trtllm-build turns FP8 context FMHA "
+                f"{why} {need} paged context FMHA, under which trtllm-build turns FP8 context FMHA "
                 f"{'on' if kv_fp8 else 'off'} to match the {'FP8' if kv_fp8 else 'unquantized'} KV cache "
                 "(builder.py build())", "remove quantization.use_fp8_context_fmha (null follows the KV cache), "
                 "or change kv_cache_quant_algo", code="fp8_context_fmha_vs_kv_cache")])
@@ -194,7 +195,7 @@ def resolve_plugins(*, quant: QuantRecipe, kv_cache_quant_algo: Optional[str], d
         paged_ctx = False
     else:
         out.append(PluginDecision("use_paged_context_fmha", "enable",
-                                  f"{why} need(s) paged context FMHA" if wants_paged_ctx else
+                                  f"{why} {need} paged context FMHA" if wants_paged_ctx else
                                   "TensorRT-LLM 1.x default: lets the server turn on KV-cache reuse and chunked "
                                   "context without a rebuild"))
         paged_ctx = True

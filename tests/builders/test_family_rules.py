@@ -45,7 +45,7 @@ def test_gemma2_has_only_the_portable_runtime(tmp_path):
 def test_moe_int4_is_refused_naming_the_quantizations_that_work(tmp_path):
     p = _problems(_spec(tmp_path, quant="int4_awq"), hf_config("mixtral-8x7b"))["family_quant"]
     assert p.field == "quantization.quant_algo" and p.value == "int4_awq"
-    assert "fused experts" in p.rule and "fp8" in p.fix and "int8_sq" in p.fix
+    assert "fused experts" in p.rule and p.fix == "use quant_algo: none | fp8 | int8_sq"
 
 
 def test_experts_not_divisible_by_moe_ep_size(tmp_path):
@@ -127,3 +127,16 @@ def test_stored_configs_read_as_their_family(name):
         assert (shape.num_experts, shape.num_experts_per_tok, shape.moe_intermediate_size) == (8, 2, 14336)
     if name == "qwen1.5-moe-a2.7b":
         assert shape.shared_expert_intermediate_size == 5632 and shape.num_experts == 60
+
+
+def test_plan_reports_the_spec_and_the_family_problems_at_once(tmp_path):
+    """A spec rule (FP8 KV cache + KV reuse without FP8 context FMHA) and a family rule (MoE INT4) in one error."""
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(f"name: bad\nmodel: {{source: {tmp_path / 'absent'}, hf_config: {REPO}/tests/assets/mixtral-8x7b/"
+                    "config.json}\nruntime: trtllm-llmapi\ndtype: bfloat16\nquantization: {quant_algo: int4_awq, "
+                    "kv_cache_quant_algo: fp8}\nserving: {enable_kv_cache_reuse: true}\ntargets: {h100: {}}\n")
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", str(spec), "--target", "h100",
+                        "--output", str(tmp_path / "plan.json")], capture_output=True, text=True, cwd=REPO)
+    out = r.stdout + r.stderr
+    assert r.returncode != 0 and "2 problems" in out, out
+    assert "quantization.kv_cache_quant_algo = 'fp8'" in out and "quantization.quant_algo = 'int4_awq'" in out
