@@ -31,7 +31,7 @@ from plugins.architectures import DEFAULT_ARCHITECTURE, ROPE_ALIASES, architectu
 from plugins.errors import Problem, SpecError
 from plugins.recipes import QuantRecipe, recipe
 from plugins.resolve import PluginDecision, resolve_plugins
-from plugins.runtimes import kv_slots
+from plugins.runtimes import RUNTIMES, kv_slots
 from plugins.targets import TargetProfile
 
 GIB = 1024 ** 3
@@ -236,6 +236,8 @@ class Plan(_Frozen):
     build: str
     target: str
     runtime: str
+    tensorrt_llm_versions: str = ""
+    """The TensorRT-LLM releases this build's path works with (plugins.runtimes.Runtime.tensorrt_llm_versions)."""
     dtype: str
     quant_algo: str
     trtllm_quant_algo: Optional[str]
@@ -537,7 +539,12 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
             and q.kv_cache_quant_algo is None):
         warnings.append(f"target {target.name} has FP8 tensor cores; quant_algo fp8 would halve weight memory")
 
+    if build.runtime.builds_trt_engine and arch is not None and "trtllm-llmapi" in RUNTIMES \
+            and support(arch, RUNTIMES["trtllm-llmapi"], build.recipe).ok:
+        warnings.append(f"the engine path (runtime {s.runtime}) works with TensorRT-LLM 1.2.x only; runtime trtllm-llmapi "
+                        "builds this model for 1.2.1 and every later release")
     return Plan(build=build.name, target=target.name, runtime=s.runtime, dtype=s.dtype, quant_algo=q.quant_algo,
+                tensorrt_llm_versions=build.runtime.tensorrt_llm_versions,
                 trtllm_quant_algo=build.recipe.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo,
                 tp_size=par.tp_size, pp_size=par.pp_size, world_size=par.world_size, serving_tp=tp, serving_pp=pp,
                 gpus_available=gpn * par.num_nodes if target.kind == "gpu" else 1, target_sm=target.sm,

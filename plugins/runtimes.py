@@ -43,6 +43,9 @@ class Runtime:
         engine_config: the file in the engine folder that records its limits.
         decoupled_only: answers through decoupled response senders only.
         settings: fixed ``tensorrt_llm`` model parameters of this runtime, (name, value, reason).
+        tensorrt_llm_versions: the TensorRT-LLM releases this path works with (the engine path, trtllm-build and
+            TensorRT-LLM checkpoints, is in 1.2.x only: removed from 1.3, docs/source/legacy/tensorrt-backend-removal.md;
+            the LLM API over HF checkpoints from 1.2.1 on).
     """
 
     name: str
@@ -56,6 +59,7 @@ class Runtime:
     engine_config: str = "engine.json"
     decoupled_only: bool = False
     settings: tuple[tuple[str, str, str], ...] = field(default=())
+    tensorrt_llm_versions: str = ""
 
 
 PORTABLE_RUNTIME_CHOICES: tuple[tuple[str, str, str], ...] = (
@@ -75,11 +79,13 @@ Measurements behind them: docs/benchmarks/h200.md."""
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime("pytorch", checkpoint_formats=("trtllm", "hf_unified"), engine="pytorch", template="tensorrt_llm_pytorch",
-            sharded=False, image="project", decoupled_only=True, settings=PORTABLE_RUNTIME_CHOICES),
+            sharded=False, image="project", decoupled_only=True, settings=PORTABLE_RUNTIME_CHOICES,
+            tensorrt_llm_versions="none needed (transformers serves it)"),
     Runtime("trtllm", checkpoint_formats=("trtllm",), engine="trtllm-build", template="tensorrt_llm_trtllm",
-            sharded=True, builds_trt_engine=True, launcher="mpirun", engine_config="config.json"),
+            sharded=True, builds_trt_engine=True, launcher="mpirun", engine_config="config.json",
+            tensorrt_llm_versions="1.2.x only (trtllm-build and the C++ backend are removed from 1.3)"),
     Runtime("trtllm-llmapi", checkpoint_formats=("hf_unified",), engine="llmapi", template="tensorrt_llm_llmapi",
-            sharded=True),
+            sharded=True, tensorrt_llm_versions="1.2.1 and later (the PyTorch backend, TensorRT-LLM's only one from 1.3)"),
 )}
 """Every runtime by name; the spec's ``runtime`` choices."""
 

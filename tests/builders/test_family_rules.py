@@ -140,3 +140,12 @@ def test_plan_reports_the_spec_and_the_family_problems_at_once(tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "2 problems" in out, out
     assert "quantization.kv_cache_quant_algo = 'fp8'" in out and "quantization.quant_algo = 'int4_awq'" in out
+
+
+def test_plan_states_the_tensorrt_llm_versions_of_its_path(tmp_path):
+    cfg = hf_config("qwen3-8b")
+    engine = make_plan(_spec(tmp_path, runtime="trtllm"), get_target("h100"), cfg)
+    hf = make_plan(_spec(tmp_path, runtime="trtllm-llmapi"), get_target("h100"), cfg)
+    assert engine.tensorrt_llm_versions.startswith("1.2.x only") and hf.tensorrt_llm_versions.startswith("1.2.1 and")
+    assert any("1.2.x only; runtime trtllm-llmapi" in w for w in engine.warnings)
+    assert not any("1.2.x only" in w for w in hf.warnings)
