@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builders.llmapi_options import llm_api_options, option_problems
 from builders.plan import (ModelShape, Plan, compute_plan, human_bytes, layer_shards, plugin_decisions,
                            read_hf_config)
 from builders.spec import ResolvedBuild
@@ -115,6 +116,12 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
                                   trtllm_build=build.runtime.builds_trt_engine, where=where)
     if engine and sm is not None:
         problems += _resolver_refusals(build, sm)
+
+    # The LLM-API options (trtllm-llmapi): every key, generated or the spec's serving.llm_api_options, must be one
+    # each supported TensorRT-LLM release takes (plugins/llmapi_args.py, from tensorrt_llm/llmapi/llm_args.py).
+    if build.runtime.engine == "llmapi":
+        problems += [Problem(where(p.field), p.value, p.rule, p.fix, p.code)
+                     for p in option_problems(llm_api_options(build))]
 
     # KV-cache reuse and chunked context need an engine built with paged context FMHA
     # (https://nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html: "KV cache reuse

@@ -192,6 +192,10 @@ class ServingConfig(_Strict):
     """Split long prompts across iterations (needs paged context FMHA)."""
     batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "guaranteed_no_evict"
     """In-flight batch scheduler policy of the TensorRT-LLM backend."""
+    llm_api_options: Optional[dict[str, Any]] = None
+    """Extra ``tensorrt_llm.LLM`` options (runtime trtllm-llmapi) merged into the generated LLM-API options YAML
+    (``trtllm-serve --extra_llm_api_options``), nested dicts merged key by key; every key is checked against the
+    LLM API of TensorRT-LLM 1.2.1 and 1.4 (plugins/llmapi_args.py)."""
     max_queue_delay_microseconds: int = Field(0, ge=0)
     """Triton dynamic-batching queue delay for the tensorrt_llm model."""
     max_queue_size: int = Field(0, ge=0)

@@ -136,6 +136,8 @@ class RepositoryPlan:
 
     models: list[ModelPlan]
     sys_path: list[str]
+    files: dict[str, str] = field(default_factory=dict)
+    """Further files by path inside the repository (the trtllm-llmapi model's ``llm_api_options.yaml``)."""
 
     def as_dict(self) -> dict:
         return {m.name: {k: {"value": m.values[k], "source": m.sources[k]} for k in m.values} for m in self.models}
@@ -350,7 +352,12 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
             "model_repo.generate.RUNTIME_INPUTS (client name: tensorrt_llm name)")
     bls.set("runtime_output_names", ",".join(p.runtime_name for p in PASS_OUTPUTS),
             "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
-    return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path())
+    files = {}
+    if build.runtime.engine == "llmapi":  # the options tensorrt_llm.LLM gets: one file for Triton and trtllm-serve
+        from builders.llmapi_options import llm_api_options, options_yaml
+
+        files["tensorrt_llm/1/llm_api_options.yaml"] = options_yaml(llm_api_options(build, plan), build)
+    return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path(), files)
 
 
 def _set_tensor_tables(mp: ModelPlan, *, side: str, prefix: str = "", reshape: bool = False) -> None:
@@ -543,5 +550,8 @@ def _write(plan: RepositoryPlan, rendered: dict[str, str], tmp: Path) -> None:
             for helper in sorted((TEMPLATES / mp.template / "1").glob("*.py")):  # modules model.py loads
                 if helper.name != "model.py":
                     (mdir / "1" / helper.name).write_text(render_template_py(f"{mp.template}/1/{helper.name}"))
+    for rel, text in plan.files.items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / rel).write_text(text)
     (tmp / "repository_plan.json").write_text(json.dumps(plan.as_dict(), indent=2) + "\n")
 

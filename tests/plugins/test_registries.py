@@ -110,3 +110,23 @@ def test_support_names_an_alternative_for_every_refusal():
     assert support(gemma2, RUNTIMES["trtllm"], QUANT_RECIPES["fp8"]).instead == ("pytorch",)
     mixtral = ARCHITECTURES["MixtralForCausalLM"]
     assert not any(support(mixtral, rt, QUANT_RECIPES["int4_awq"]).ok for rt in RUNTIMES.values())
+
+
+def test_llm_api_arg_sets_are_the_recorded_facts():
+    """plugins/llmapi_args.py = the fields recorded from tensorrt_llm/llmapi/llm_args.py of each release."""
+    import json
+    from pathlib import Path
+
+    from plugins.llmapi_args import LLM_API_ARGS
+
+    facts_dir = Path(__file__).resolve().parents[1] / "facts"
+    for version, folder in (("1.2.1", "trtllm_1_2_1"), ("1.4", "trtllm_1_4")):
+        facts = json.loads((facts_dir / folder / "llm_args.json").read_text())
+        args = LLM_API_ARGS[version]
+        assert args.fields == set(facts["torch_llm_args"]), version
+        assert args.trt_only == set(facts["trt_only_fields"]), version
+        assert args.nested["kv_cache_config"] == set(facts["kv_cache_config"]), version
+        assert args.nested["scheduler_config"] == set(facts["scheduler_config"]) - {"serve_default"}, version
+        assert args.nested["cuda_graph_config"] == set(facts["cuda_graph_config"]) - {"class", "encode_fields",
+                                                                                      "rules"}, version
+        assert facts["source"]["commit_llm_args"].startswith(args.source.split("@")[1].split()[0]), version

@@ -65,7 +65,6 @@ class TritonPythonModel:
         cfg = json.loads(args["model_config"])
         try:
             from tensorrt_llm import LLM, SamplingParams
-            from tensorrt_llm.llmapi import KvCacheConfig
         except ImportError as exc:
             raise pb_utils.TritonModelException(
                 "runtime trtllm-llmapi needs TensorRT-LLM (tensorrt_llm.LLM) in the Python backend's interpreter: "
@@ -80,25 +79,13 @@ class TritonPythonModel:
         self.output_dtypes = _output_dtypes(cfg)
         with open(_os.path.join(_param(cfg, "gpt_model_path"), "config.json")) as fh:  # the HF checkpoint's
             self.vocab_size = int(json.load(fh).get("vocab_size") or 0) or None
-        kv = KvCacheConfig(free_gpu_memory_fraction=float(_param(cfg, "kv_cache_free_gpu_mem_fraction", "0.9")),
-                           max_tokens=int(_param(cfg, "max_tokens_in_paged_kv_cache")),
-                           enable_block_reuse=_param(cfg, "enable_kv_cache_reuse", "false") == "true")
-        engine_json = _os.path.join(_param(cfg, "gpt_model_path"), "engine.json")
-        mapping = {}
-        if _os.path.isfile(engine_json):
-            with open(engine_json) as fh:
-                mapping = json.load(fh).get("mapping") or {}
-        parallel = {"tensor_parallel_size": mapping.get("tp_size", 1),
-                    "pipeline_parallel_size": mapping.get("pp_size", 1)}
-        if mapping.get("moe_ep_size", 1) > 1 or mapping.get("moe_tp_size", mapping.get("tp_size", 1)) != \
-                mapping.get("tp_size", 1):
-            parallel.update(moe_tensor_parallel_size=mapping["moe_tp_size"],
-                            moe_expert_parallel_size=mapping["moe_ep_size"])
-        self.llm = LLM(model=_param(cfg, "gpt_model_path"), max_batch_size=int(_param(cfg, "max_batch_size")),
-                       max_num_tokens=int(_param(cfg, "max_num_tokens")), max_seq_len=self.max_seq_len,
-                       max_beam_width=int(_param(cfg, "max_beam_width", "1")), kv_cache_config=kv,
-                       enable_chunked_prefill=_param(cfg, "enable_chunked_context", "false") == "true",
-                       **parallel)
+        # The LLM-API options the generator wrote beside this file (trtllm-serve reads the same file): parallel
+        # sizes, limits, kv_cache_config, scheduler_config, cuda_graph_config, chunked prefill.
+        import yaml
+
+        with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "llm_api_options.yaml")) as fh:
+            options = yaml.safe_load(fh) or {}
+        self.llm = LLM(model=_param(cfg, "gpt_model_path"), **options)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
