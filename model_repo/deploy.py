@@ -95,6 +95,8 @@ class DeploymentPlan:
     command: list[str]
     environment: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
+    trtllm_serve: list[str] = field(default_factory=list)
+    """The ``trtllm-serve`` alternative to ``command`` (runtime trtllm-llmapi; empty for the others)."""
 
     @property
     def multi_node(self) -> bool:
@@ -152,9 +154,30 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
                f"--grpc-port={sv.grpc_port}", f"--metrics-port={sv.metrics_port}", "--strict-readiness=true",
                "--exit-on-error=true"]
         reasons["command"] = "one tritonserver process on model_repo/"
+    serve = trtllm_serve_argv(build, mount) if rt.engine == "llmapi" else []
+    if serve:
+        reasons["trtllm_serve"] = ("trtllm-serve.sh: TensorRT-LLM's OpenAI server on the same checkpoint and LLM-API "
+                                   "options as the Triton model")
     return DeploymentPlan(build.name, s.runtime, runtime_image(rt), world, per_node, nodes, gpu,
                           sv.http_port, sv.grpc_port, sv.metrics_port, mount, served_from == "bundle",
-                          served_from, cmd, env, reasons)
+                          served_from, cmd, env, reasons, serve)
+
+
+TRTLLM_SERVE_OPTIONS_FILE = "model_repo/tensorrt_llm/1/llm_api_options.yaml"
+"""The LLM-API options file both the Triton LLM-API model and ``trtllm-serve`` read (builders.llmapi_options)."""
+
+
+def trtllm_serve_argv(build, mount: str, host: str = "0.0.0.0") -> list[str]:
+    """``trtllm-serve serve <checkpoint> --host --port --config <options YAML>``: the OpenAI-compatible server of
+    TensorRT-LLM over the build's unified HF checkpoint (the engine folder), with the options the Triton model uses.
+
+    Options as ``tensorrt_llm/commands/serve.py`` of 1.2.1 and 1.4 both take them (``--config`` is the options file,
+    ``--extra_llm_api_options`` its older alias; the PyTorch backend is the default of both):
+    tests/facts/trtllm_1_2_1/llm_args.json and tests/facts/trtllm_1_4/llm_args.json ``trtllm_serve``.
+    Health: ``GET /health``; OpenAI API under ``/v1``.
+    """
+    return ["trtllm-serve", "serve", f"{mount}/engine", "--host", host, "--port", str(build.settings.serving.http_port),
+            "--config", f"{mount}/{TRTLLM_SERVE_OPTIONS_FILE}"]
 
 
 def _shell(command: list[str]) -> list[str]:
@@ -244,6 +267,12 @@ def render_deployment(plan: DeploymentPlan) -> dict[str, str]:
     files = {"docker-compose.yaml": head + yaml.safe_dump(compose(plan), sort_keys=False)}
     for obj in kubernetes(plan):
         files[f"k8s/{obj['kind'].lower()}.yaml"] = head + yaml.safe_dump(obj, sort_keys=False)
+    if plan.trtllm_serve:
+        files["trtllm-serve.sh"] = (
+            "#!/usr/bin/env bash\n# The same build served by TensorRT-LLM's OpenAI-compatible server instead of Triton "
+            f"(TensorRT-LLM 1.2.1 or later, in {plan.image}).\n# Ready when GET /health answers 200; "
+            "the OpenAI API is under /v1.\nset -euo pipefail\nexec " + " ".join(shlex.quote(a) for a in plan.trtllm_serve)
+            + "\n")
     return files
 
 

@@ -298,3 +298,22 @@ def test_deploy_command_writes_records_and_prints(tmp_path, capsys, monkeypatch)
     assert stage["info"]["files"] == ["docker-compose.yaml", "k8s/deployment.yaml", "k8s/service.yaml"]
     assert main(args) == 0 and "up to date" in capsys.readouterr().out
     assert not list(out.glob(".deploy.*"))  # written under a temporary name, renamed when complete
+
+
+def test_llmapi_deployment_also_says_the_trtllm_serve_command(tmp_path):
+    """trtllm-serve over the same checkpoint and LLM-API options file, with options both recorded releases take."""
+    facts = {v: json.loads((REPO_ROOT / "tests" / "facts" / d / "llm_args.json").read_text())["trtllm_serve"]
+             for v, d in (("1.2.1", "trtllm_1_2_1"), ("1.4", "trtllm_1_4"))}
+    plan = plan_deployment(_gpu_build(tmp_path, tp=2, runtime="trtllm-llmapi"), get_target("h100"), tmp_path)
+    argv = plan.trtllm_serve
+    assert argv[:3] == ["trtllm-serve", "serve", f"{plan.mount}/engine"]
+    flags = [a for a in argv[3:] if a.startswith("--")]
+    for version, serve in facts.items():
+        assert set(flags) <= set(serve["options"]), (version, set(flags) - set(serve["options"]))
+    assert argv[argv.index("--config") + 1] == f"{plan.mount}/model_repo/tensorrt_llm/1/llm_api_options.yaml"
+    assert argv[argv.index("--port") + 1] == str(plan.http_port)
+    files = write_deployment(plan, tmp_path / "deploy")
+    script = next(f for f in files if f.name == "trtllm-serve.sh").read_text()
+    assert "exec trtllm-serve serve" in script and "/health" in script
+    trt = plan_deployment(_gpu_build(tmp_path / "t", runtime="trtllm"), get_target("h100"), tmp_path / "t")
+    assert trt.trtllm_serve == [] and not any(f.name == "trtllm-serve.sh" for f in write_deployment(trt, tmp_path / "d2"))
