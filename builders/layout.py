@@ -25,6 +25,12 @@ def build_dir(build: ResolvedBuild, root: Optional[Path] = None, variant: Option
     return Path(root or build_root()) / build.name / leaf
 
 
-def resolve_build(spec_path: str | Path, target: str, quant: Optional[str] = None) -> ResolvedBuild:
-    """Load ``spec_path`` for ``target`` with the ``--quant`` override applied (raise SpecError)."""
-    return load_spec(spec_path, target, overrides_from_flags(quant))
+def resolve_build(spec_path: str | Path, target: str, quant: Optional[str] = None,
+                  runtime: Optional[str] = None) -> ResolvedBuild:
+    """Load ``spec_path`` for ``target`` with the ``--quant`` / ``--runtime`` overrides applied (raise SpecError)."""
+    return load_spec(spec_path, target, overrides_from_flags(quant, runtime))
+
+
+def variant(quant: Optional[str] = None, runtime: Optional[str] = None) -> Optional[str]:
+    """The build-folder suffix of the CLI overrides: ``<quant>``, ``<runtime>`` or ``<quant>-<runtime>`` (None: none)."""
+    return "-".join(v for v in (quant, runtime) if v) or None

@@ -528,11 +528,13 @@ def json_schema() -> dict:
     return schema
 
 
-def overrides_from_flags(quant: str | None = None) -> dict:
-    """Translate CLI shortcuts (``--quant``) into a nested override dict."""
+def overrides_from_flags(quant: str | None = None, runtime: str | None = None) -> dict:
+    """Translate CLI shortcuts (``--quant``, ``--runtime``) into a nested override dict."""
     out: dict = {}
     if quant:
         out.setdefault("quantization", {})["quant_algo"] = quant
+    if runtime:
+        out["runtime"] = runtime
     return out
 
 

@@ -268,12 +268,52 @@ def render_deployment(plan: DeploymentPlan) -> dict[str, str]:
     for obj in kubernetes(plan):
         files[f"k8s/{obj['kind'].lower()}.yaml"] = head + yaml.safe_dump(obj, sort_keys=False)
     if plan.trtllm_serve:
+        files["README.md"] = _llmapi_readme(plan)
         files["trtllm-serve.sh"] = (
             "#!/usr/bin/env bash\n# The same build served by TensorRT-LLM's OpenAI-compatible server instead of Triton "
             f"(TensorRT-LLM 1.2.1 or later, in {plan.image}).\n# Ready when GET /health answers 200; "
             "the OpenAI API is under /v1.\nset -euo pipefail\nexec " + " ".join(shlex.quote(a) for a in plan.trtllm_serve)
             + "\n")
     return files
+
+
+def _llmapi_readme(plan: DeploymentPlan) -> str:
+    """How to run a trtllm-llmapi build on a GPU host: the Triton command and the trtllm-serve one, exactly."""
+    triton = " ".join(shlex.quote(a) for a in plan.command)
+    serve = " ".join(shlex.quote(a) for a in plan.trtllm_serve)
+    return f"""# Serving {plan.name} ({plan.runtime}) on a GPU host
+
+The build folder (`{plan.mount}`) holds ModelOpt's unified HF checkpoint (`engine/`) and the Triton repository
+(`model_repo/`); both ways below read the same LLM-API options file,
+`{plan.mount}/model_repo/tensorrt_llm/1/llm_api_options.yaml`. No engine is built: TensorRT-LLM's PyTorch backend
+loads the checkpoint. It needs TensorRT-LLM 1.2.1 or later; the image the compose and Kubernetes files use:
+`{plan.image}`. Check the version in it first:
+
+```bash
+python3 -c "import tensorrt_llm; print(tensorrt_llm.__version__)"   # 1.2.1 or later
+```
+
+Mount the build folder at the same path inside the container (config.pbtxt names folders by it).
+
+## Triton (gRPC/HTTP, the ensemble with tokenization)
+
+```bash
+{triton}
+```
+
+Or `docker compose -f docker-compose.yaml up` / `kubectl apply -f k8s/` (same command). Ready when
+`curl -s localhost:{plan.http_port}/v2/health/ready` answers 200.
+
+## trtllm-serve (OpenAI-compatible API)
+
+```bash
+{serve}
+```
+
+Ready when `curl -s localhost:{plan.http_port}/health` answers 200; then
+`curl localhost:{plan.http_port}/v1/completions -H 'Content-Type: application/json' -d '{{"model": "{plan.mount}/engine", "prompt": "Hello", "max_tokens": 16}}'`.
+The same command is `trtllm-serve.sh` beside this file.
+"""
 
 
 def write_deployment(plan: DeploymentPlan, out_dir: Path) -> list[Path]:

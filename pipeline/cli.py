@@ -35,6 +35,8 @@ def _add_build_args(p: argparse.ArgumentParser, positional: bool = True) -> None
                                                    "profile in configs/targets/ (default: cpu)")
     p.add_argument("--quant", default=None, help=f"override quantization.quant_algo ({', '.join(QUANT_RECIPES)}); "
                                                  "outputs go to build/<name>/<target>-<quant>/")
+    p.add_argument("--runtime", default=None, help="override runtime (pytorch, trtllm, trtllm-llmapi); outputs go to "
+                                                   "build/<name>/<target>-<runtime>/")
     p.add_argument("--out", type=Path, default=None, help="output root (default: build/)")
 
 
@@ -58,7 +60,7 @@ def _resolve(args):
                  if p.is_file()]
         if found:
             args.build = str(found[0])
-    return resolve_build(args.build, args.target, args.quant)
+    return resolve_build(args.build, args.target, args.quant, getattr(args, "runtime", None))
 
 
 def _not_built(out: Path) -> str:
@@ -69,18 +71,25 @@ def _not_built(out: Path) -> str:
             "run from the folder you built in, or set TRTPIPE_HOME, or pass --out)")
 
 
+def _variant(args):
+    """The build-folder suffix of ``--quant`` / ``--runtime`` (builders.layout.variant)."""
+    from builders.layout import variant
+
+    return variant(args.quant, getattr(args, "runtime", None))
+
+
 def _folder(args, build) -> Path:
     """Where that build's outputs live (``--out``, ``--quant`` variant)."""
     from builders.layout import build_dir
 
-    return build_dir(build, args.out, args.quant)
+    return build_dir(build, args.out, _variant(args))
 
 
 def cmd_build(args) -> int:
     from pipeline.build import run_build
 
     build = _resolve(args)
-    manifest = run_build(build, out_root=args.out, variant=args.quant, force=args.force,
+    manifest = run_build(build, out_root=args.out, variant=_variant(args), force=args.force,
                          progress=not args.no_progress)
     out = _folder(args, build)
     print(f"\nbuild {build.name} for {build.target} ({manifest['runtime']} runtime) -> {out}")
@@ -96,6 +105,9 @@ def cmd_build(args) -> int:
         print(f"deployment files: {out / 'deploy'} (docker-compose.yaml, k8s/; see docs/deploy.md)")
     if manifest.get("handoff"):
         print(f"next: on the GPU host, run {manifest['handoff']['script']} (see docs/gpu-hosts.md)")
+    elif build.runtime.engine == "llmapi" and (out / "deploy" / "README.md").is_file():
+        print(f"next: on a GPU host with TensorRT-LLM 1.2.1 or later, tritonserver or trtllm-serve as "
+              f"{out / 'deploy' / 'README.md'} says (`make serve` does it where TensorRT-LLM is importable)")
     else:
         print("next: `make serve` then `make query PROMPT=\"...\"`")
     return 0
@@ -117,7 +129,7 @@ def cmd_deploy(args) -> int:
             print(f"# ---- deploy/{rel}")
             sys.stdout.write(text)
         return 0
-    result = deploy_build(build, out_root=args.out, variant=args.quant, force=args.force)
+    result = deploy_build(build, out_root=args.out, variant=_variant(args), force=args.force)
     state = "up to date" if result.cached else "written"
     print(f"deployment files for {build.name} on {build.target} ({result.info.get('served_from')}/, "
           f"image {result.info.get('image')}) {state}:")
@@ -133,7 +145,7 @@ def cmd_verify(args) -> int:
     from pipeline.build import run_build
 
     build = _resolve(args)
-    manifest = run_build(build, out_root=args.out, variant=args.quant, force=args.force,
+    manifest = run_build(build, out_root=args.out, variant=_variant(args), force=args.force,
                          progress=not args.no_progress, stop_after="verify")
     out = _folder(args, build)
     report = json.loads((out / "verify" / "verify.json").read_text())

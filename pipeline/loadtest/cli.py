@@ -123,9 +123,11 @@ def cmd_run(args) -> int:
     with contextlib.ExitStack() as stack:
         repo, out_root, url, metrics_url = args.model_repo, None, args.url, args.metrics_url
         if url is None and repo is None:
-            from builders.layout import build_dir, resolve_build
+            from builders.layout import build_dir, resolve_build, variant
 
-            out_root = build_dir(resolve_build(args.build, args.target, args.quant), args.out, args.quant)
+            runtime = getattr(args, "runtime", None)
+            out_root = build_dir(resolve_build(args.build, args.target, args.quant, runtime), args.out,
+                                 variant(args.quant, runtime))
             repo = out_root / "model_repo"
             from pipeline.serve import running_from_state
 

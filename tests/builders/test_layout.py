@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from builders.layout import build_dir, build_root, resolve_build
@@ -42,3 +44,12 @@ def test_a_changed_field_changes_only_the_keys_it_decides():
 def test_decides_refuses_an_unknown_stage():
     with pytest.raises(ValueError, match="unknown stage"):
         decides("enigne")
+
+
+def test_runtime_override_has_its_own_folder():
+    from builders.layout import variant
+
+    build = resolve_build(DEFAULT_BUILD, "h100", "fp8", "trtllm-llmapi")
+    assert build.settings.runtime == "trtllm-llmapi" and build.settings.quantization.quant_algo == "fp8"
+    assert build_dir(build, Path("/r"), variant("fp8", "trtllm-llmapi")) == Path("/r/smollm2-135m/h100-fp8-trtllm-llmapi")
+    assert variant(None, None) is None and variant(None, "pytorch") == "pytorch"

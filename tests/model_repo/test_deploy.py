@@ -315,5 +315,7 @@ def test_llmapi_deployment_also_says_the_trtllm_serve_command(tmp_path):
     files = write_deployment(plan, tmp_path / "deploy")
     script = next(f for f in files if f.name == "trtllm-serve.sh").read_text()
     assert "exec trtllm-serve serve" in script and "/health" in script
+    readme = next(f for f in files if f.name == "README.md").read_text()
+    assert " ".join(plan.trtllm_serve) in readme and " ".join(plan.command) in readme and "1.2.1 or later" in readme
     trt = plan_deployment(_gpu_build(tmp_path / "t", runtime="trtllm"), get_target("h100"), tmp_path / "t")
     assert trt.trtllm_serve == [] and not any(f.name == "trtllm-serve.sh" for f in write_deployment(trt, tmp_path / "d2"))
