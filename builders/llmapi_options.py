@@ -40,8 +40,11 @@ def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[s
     """
     s = build.settings
     lim, sv, q, par = s.limits, s.serving, s.quantization, s.parallelism
+    # KV-cache reuse (prefix caching): the spec's word when it says one, else the LLM API's default, on
+    # (KvCacheConfig.enable_block_reuse defaults to true in 1.2.1 and 1.4; the C++ backend's default is off).
+    reuse = sv.enable_kv_cache_reuse if "enable_kv_cache_reuse" in sv.model_fields_set else True
     kv: dict[str, Any] = {"free_gpu_memory_fraction": sv.kv_cache_free_gpu_mem_fraction,
-                          "enable_block_reuse": sv.enable_kv_cache_reuse,
+                          "enable_block_reuse": reuse,
                           "dtype": "fp8" if q.kv_cache_quant_algo == "fp8" else "auto",
                           "tokens_per_block": lim.tokens_per_block}
     if sv.max_tokens_in_paged_kv_cache:

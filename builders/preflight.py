@@ -114,7 +114,7 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
     problems += hardware_problems(build.recipe, q.kv_cache_quant_algo, sm if engine else None,
                                   use_fp8_context_fmha=q.use_fp8_context_fmha,
                                   trtllm_build=build.runtime.builds_trt_engine, where=where)
-    if engine and sm is not None:
+    if build.runtime.builds_trt_engine and sm is not None:  # trtllm-build's own rules (the LLM API builds none)
         problems += _resolver_refusals(build, sm)
 
     # The LLM-API options (trtllm-llmapi): every key, generated or the spec's serving.llm_api_options, must be one
@@ -128,7 +128,7 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
     # requires the model to be built for paged context attention"). The plugin resolver is the one place
     # that decides the flag: check it agrees.
     said = {p.code for p in problems} & {"fp8_context_fmha_vs_kv_cache", "fp8_kv_paged_context"}
-    if (sv.enable_kv_cache_reuse or sv.enable_chunked_context) and not said:
+    if build.runtime.builds_trt_engine and (sv.enable_kv_cache_reuse or sv.enable_chunked_context) and not said:
         paged = {d.flag: d.value for d in plugin_decisions(build, sm)}.get("use_paged_context_fmha")
         if paged != "enable":
             which = "serving.enable_kv_cache_reuse" if sv.enable_kv_cache_reuse else "serving.enable_chunked_context"

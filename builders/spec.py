@@ -187,7 +187,8 @@ class ServingConfig(_Strict):
     """Cap on the KV pool in tokens (null: memory fraction decides; on CPU targets
     max_batch_size x max_seq_len)."""
     enable_kv_cache_reuse: bool = False
-    """Reuse KV blocks across requests with a shared prefix (needs paged context FMHA)."""
+    """Reuse KV blocks across requests with a shared prefix (engine path: needs paged context FMHA). Left out, it
+    is off except for trtllm-llmapi, where the LLM API's default (on) applies."""
     enable_chunked_context: bool = False
     """Split long prompts across iterations (needs paged context FMHA)."""
     batch_scheduler_policy: Literal["max_utilization", "guaranteed_no_evict"] = "guaranteed_no_evict"

@@ -130,16 +130,33 @@ def test_stored_configs_read_as_their_family(name):
 
 
 def test_plan_reports_the_spec_and_the_family_problems_at_once(tmp_path):
-    """A spec rule (FP8 KV cache + KV reuse without FP8 context FMHA) and a family rule (MoE INT4) in one error."""
+    """A spec rule (Triton's batch above the engine's) and a family rule (MoE INT4) in one error."""
     spec = tmp_path / "bad.yaml"
     spec.write_text(f"name: bad\nmodel: {{source: {tmp_path / 'absent'}, hf_config: {REPO}/tests/assets/mixtral-8x7b/"
-                    "config.json}\nruntime: trtllm-llmapi\ndtype: bfloat16\nquantization: {quant_algo: int4_awq, "
-                    "kv_cache_quant_algo: fp8}\nserving: {enable_kv_cache_reuse: true}\ntargets: {h100: {}}\n")
+                    "config.json}\nruntime: trtllm-llmapi\ndtype: bfloat16\nquantization: {quant_algo: int4_awq}\n"
+                    "limits: {max_batch_size: 8}\nserving: {triton_max_batch_size: 16}\ntargets: {h100: {}}\n")
     r = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", str(spec), "--target", "h100",
                         "--output", str(tmp_path / "plan.json")], capture_output=True, text=True, cwd=REPO)
     out = r.stdout + r.stderr
     assert r.returncode != 0 and "2 problems" in out, out
-    assert "quantization.kv_cache_quant_algo = 'fp8'" in out and "quantization.quant_algo = 'int4_awq'" in out
+    assert "serving.triton_max_batch_size = 16" in out and "quantization.quant_algo = 'int4_awq'" in out
+
+
+def test_trtllm_build_rules_do_not_apply_to_the_llm_api(tmp_path):
+    """FP8 KV cache + KV reuse with INT4 weights is refused for trtllm-build (no FP8 context FMHA, so no paged
+    context FMHA); the LLM API builds no engine and takes it."""
+    cfg = hf_config("qwen3-8b")
+    extra = ", kv_cache_quant_algo: fp8"
+    p = tmp_path / "b.yaml"
+    for runtime in ("trtllm", "trtllm-llmapi"):
+        p.write_text(f"name: b\nmodel: {{source: {tmp_path / 'absent'}}}\nruntime: {runtime}\ndtype: bfloat16\n"
+                     f"quantization: {{quant_algo: int4_awq{extra}}}\nserving: {{enable_kv_cache_reuse: true}}\n"
+                     "targets: {h100: {}}\n")
+        build = load_spec(p, "h100")
+        if runtime == "trtllm":
+            assert "fp8_kv_paged_context" in _problems(build, cfg)
+        else:
+            make_plan(build, get_target("h100"), cfg)
 
 
 def test_plan_states_the_tensorrt_llm_versions_of_its_path(tmp_path):

@@ -104,3 +104,14 @@ def test_llmapi_repository_carries_the_options_yaml(tmp_path):
     text = (tmp_path / "repo" / "tensorrt_llm" / "1" / "llm_api_options.yaml").read_text()
     assert text.startswith("# LLM-API options of build b") and yaml.safe_load(text) == llm_api_options(build, plan)
     assert yaml.safe_load(text)["moe_expert_parallel_size"] == 1 and yaml.safe_load(text)["enable_iter_perf_stats"]
+
+
+def test_kv_cache_reuse_follows_the_llm_api_default_unless_the_spec_says(tmp_path):
+    """KvCacheConfig.enable_block_reuse defaults to true in both recorded releases; the spec's explicit word wins."""
+    for version, facts in FACTS.items():
+        assert facts["kv_cache_config"]["enable_block_reuse"]["default"] is True, version
+    assert llm_api_options(_spec(tmp_path, "{}"))["kv_cache_config"]["enable_block_reuse"] is True
+    p = tmp_path / "off.yaml"
+    p.write_text(f"name: b\nmodel: {{source: {tmp_path}}}\nruntime: trtllm-llmapi\nserving: {{enable_kv_cache_reuse: "
+                 "false}\ntargets: {h100: {}}\n")
+    assert llm_api_options(load_spec(p, "h100"))["kv_cache_config"]["enable_block_reuse"] is False
