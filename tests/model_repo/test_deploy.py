@@ -317,5 +317,11 @@ def test_llmapi_deployment_also_says_the_trtllm_serve_command(tmp_path):
     assert "exec trtllm-serve serve" in script and "/health" in script
     readme = next(f for f in files if f.name == "README.md").read_text()
     assert " ".join(plan.trtllm_serve) in readme and " ".join(plan.command) in readme and "1.2.1 or later" in readme
+    # upstream's Triton LLM-API model (all_models/llmapi) reads model.yaml: the shipped keys, triton_config kept
+    upstream = json.loads((REPO_ROOT / "tests" / "facts" / "trtllm_1_2_1" / "triton_llmapi_model.json").read_text())
+    model_yaml = yaml.safe_load(next(f for f in files if f.name == "model.yaml").read_text())
+    assert set(upstream["model_yaml"]) <= set(model_yaml) and model_yaml["model"] == f"{plan.mount}/engine"
+    assert set(model_yaml["triton_config"]) <= set(upstream["model_py_reads"]["triton_config_keys_used"])
+    assert model_yaml["tensor_parallel_size"] == 2 and model_yaml["triton_config"]["decoupled"] is True
     trt = plan_deployment(_gpu_build(tmp_path / "t", runtime="trtllm"), get_target("h100"), tmp_path / "t")
     assert trt.trtllm_serve == [] and not any(f.name == "trtllm-serve.sh" for f in write_deployment(trt, tmp_path / "d2"))
