@@ -121,6 +121,17 @@ HF_UNIFIED_SCALES = ScaleNames("weight_scale", "weight_scale_2", "pre_quant_scal
 """ModelOpt's unified HF checkpoint (modelopt/torch/export/unified_export_hf.py)."""
 
 
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+"""FP4 (E2M1) magnitudes by the low three bits of a nibble; bit 3 is the sign (OCP microscaling formats)."""
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Unpack ``(out, in/2)`` uint8 bytes of two E2M1 values each into float32 ``(out, in)`` (low nibble first)."""
+    b = packed.view(torch.uint8).to(torch.int64)
+    table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)
+    return torch.stack([table[b & 0x0F], table[(b >> 4) & 0x0F]], dim=-1).reshape(packed.shape[0], -1)
+
+
 def dequantize_linear(tensors: dict[str, torch.Tensor], prefix: str, quant_algo: str | None,
                       group_size: int, names: ScaleNames = TRTLLM_SCALES) -> torch.Tensor:
     """Dequantize one linear layer's weight into float32 ``(out, in)``.
@@ -134,7 +145,13 @@ def dequantize_linear(tensors: dict[str, torch.Tensor], prefix: str, quant_algo:
     """
     w = tensors[f"{prefix}.weight"]
     scale = tensors.get(f"{prefix}.{names.scale}")
-    if w.dtype == torch.float8_e4m3fn:
+    if quant_algo == "NVFP4" and w.dtype == torch.uint8 and scale is not None:
+        # Two E2M1 values per byte along the input (low nibble = even input), one FP8 scale per 16 inputs, and
+        # the per-tensor weight_scale_2 (ModelOpt 0.47 unified_export_hf / nvfp4_tensor.py).
+        q = unpack_e2m1(w)
+        s = scale.to(torch.float32).repeat_interleave(q.shape[1] // scale.shape[1], dim=1)
+        out = q * s * tensors[f"{prefix}.{names.scale_2}"].to(torch.float32)
+    elif w.dtype == torch.float8_e4m3fn:
         out = w.to(torch.float32) * scale.to(torch.float32)
     elif w.dtype in (torch.int8, torch.uint8) and quant_algo in ("W4A16_AWQ", "W4A8_AWQ", "W4A16"):
         q = unpack_int4(w).to(torch.float32)

@@ -227,14 +227,18 @@ class Support:
         return self.checkpoint_format is not None
 
 
-def _format_for(arch: Architecture, runtime_formats: tuple[str, ...], weight_bits: int) -> tuple[Optional[str], str]:
+def _format_for(arch: Architecture, runtime_formats: tuple[str, ...], quant) -> tuple[Optional[str], str]:
+    why = ""
     for fmt in runtime_formats:
         if fmt not in arch.checkpoint_formats:
             continue
-        if fmt == "hf_unified" and arch.moe is not None and weight_bits == 4:
+        if fmt not in quant.checkpoint_formats:
+            why = f"{quant.name} is exported only as {' or '.join(quant.checkpoint_formats)} (ModelOpt 0.47)"
+            continue
+        if fmt == "hf_unified" and arch.moe is not None and quant.weight_bits == 4:
             return None, MOE_INT4_REFUSAL
         return fmt, ""
-    return None, ""
+    return None, why
 
 
 def support(arch: Architecture, runtime: Runtime, quant) -> Support:
@@ -247,7 +251,7 @@ def support(arch: Architecture, runtime: Runtime, quant) -> Support:
     PyTorch backend. When refused, ``instead`` lists the runtimes that do support this family and quantization.
     """
     def one(rt) -> tuple[Optional[str], str]:
-        fmt, why = _format_for(arch, rt.checkpoint_formats, quant.weight_bits)
+        fmt, why = _format_for(arch, rt.checkpoint_formats, quant)
         if fmt is None:
             return None, why or (arch.why_no_trtllm if "trtllm" in rt.checkpoint_formats else
                                  f"no checkpoint format of runtime {rt.name} is exported for {arch.family}")

@@ -40,6 +40,10 @@ class QuantRecipe:
             per-tensor scales.
         smoothquant: INT8 activations too (SmoothQuant's INT8 GEMM and quantized RMSNorm), not weight-only.
         fused_mlp: trtllm-build keeps the gate+up GEMM fusion (unquantized and FP8 only).
+        fp4_compute: FP4 tensor-core GEMMs (NVFP4: needs SM >= 100, Blackwell).
+        block_size: a fixed scale block along the input (NVFP4: one FP8 scale per 16 inputs), 0 when none.
+        checkpoint_formats: the checkpoint formats the pipeline writes and reads back for it (NVFP4: the unified
+            HF checkpoint only; builders/checkpoint.py reads no FP4 TensorRT-LLM checkpoint).
     """
 
     name: str
@@ -53,6 +57,9 @@ class QuantRecipe:
     per_channel_scales: bool = False
     smoothquant: bool = False
     fused_mlp: bool = False
+    fp4_compute: bool = False
+    block_size: int = 0
+    checkpoint_formats: tuple[str, ...] = ("trtllm", "hf_unified")
 
     @property
     def quantized(self) -> bool:
@@ -73,6 +80,8 @@ class QuantRecipe:
         if not self.quantized:
             return params * dtype_bytes, 0
         weight = params * self.weight_bits // 8
+        if self.block_size:  # NVFP4: FP8 (E4M3) scale per block + per-tensor FP32 weight_scale_2 and input_scale
+            return weight, n_out * _ceil_div(n_in, self.block_size) + 2 * 4
         if self.uses_group_size:
             scales = n_out * _ceil_div(n_in, group_size) * 4 + n_in * dtype_bytes
             return weight, scales + (2 * 4 if self.fp8_compute else 0)
@@ -90,6 +99,8 @@ QUANT_RECIPES: dict[str, QuantRecipe] = {r.name: r for r in (
     QuantRecipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", 4, uses_group_size=True, fp8_compute=True),
     QuantRecipe("int8_sq", "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", 8, int_weight_gemm=True,
                 per_channel_scales=True, smoothquant=True),
+    QuantRecipe("nvfp4", "NVFP4_DEFAULT_CFG", "NVFP4", 4, fp4_compute=True, block_size=16,
+                checkpoint_formats=("hf_unified",)),
 )}
 """Every recipe by name; ``builders.spec.QuantName`` lists the same names."""
 

@@ -25,6 +25,7 @@ from plugins.recipes import QuantRecipe
 #     context FMHA turns paged context FMHA off; INT4/INT8 weight-only, INT8 KV and SmoothQuant raise on SM 100-119.
 #   tensorrt_llm/plugin/plugin.py: flag names and value sets (cli_plugin_args, PLUGIN_DTYPE_OPTIONS_MAP).
 SM_FP8_MIN = 89             # Ada (8.9) and later have FP8 tensor cores
+SM_FP4_MIN = 100            # Blackwell (10.0) and later have FP4 tensor cores (NVFP4)
 SM_FP8_CONTEXT_FMHA = (89, 90, 100, 103, 120, 121)
 """SMs whose FP8 context FMHA kernels exist: AttentionOp::initialize refuses mFP8ContextFMHA on any other
 (cpp/tensorrt_llm/common/attentionOp.cpp @ eea41b73, the 1.x line; builder.py only checks SM >= 89)."""
@@ -78,6 +79,10 @@ def hardware_problems(quant: QuantRecipe, kv_cache_quant_algo: Optional[str], sm
                                 f"an FP8 KV cache needs SM >= {SM_FP8_MIN}; the target is SM {sm}",
                                 "set quantization.kv_cache_quant_algo: null, or pick an SM >= 89 target",
                                 code="fp8_kv_sm"))
+    if quant.fp4_compute and sm < SM_FP4_MIN:
+        problems.append(Problem(where("quantization.quant_algo"), quant.name,
+                                f"{quant.quant_algo} needs FP4 tensor cores (SM >= {SM_FP4_MIN}, Blackwell); the target is "
+                                f"SM {sm}", "use fp8 on Ada/Hopper, or a Blackwell target (b200)", code="nvfp4_sm"))
     if trtllm_build and quant.int_weight_gemm and sm in SM_INT4_WO_REFUSED:
         problems.append(Problem(where("quantization.quant_algo"), quant.name,
                                 f"trtllm-build 1.2 refuses INT4/INT8 weight-only and SmoothQuant engines "
@@ -242,7 +247,8 @@ def resolve_plugins(*, quant: QuantRecipe, kv_cache_quant_algo: Optional[str], d
     return out
 
 
-HARDWARE_CODES = frozenset({"fp8_sm", "fp8_kv_sm", "int4_sm100", "fp8_context_fmha_needs_fp8", "fp8_context_fmha_sm"})
+HARDWARE_CODES = frozenset({"fp8_sm", "fp8_kv_sm", "int4_sm100", "fp8_context_fmha_needs_fp8", "fp8_context_fmha_sm",
+                            "nvfp4_sm"})
 """The codes :func:`hardware_problems` reports (the rules report them with the spec field that set them)."""
 
 

@@ -75,7 +75,19 @@ def fake_quant_weights(model) -> dict:
             wq = getattr(mod, "weight_quantizer", None)
             if wq is None or not getattr(wq, "is_enabled", False) or not isinstance(mod, torch.nn.Linear):
                 continue
-            w = wq(mod.weight.float())
+            try:
+                w = wq(mod.weight.float())
+            except AssertionError:  # NVFP4's fake quantization needs CUDA: ModelOpt's own NVFP4 round trip instead
+                w = _nvfp4_round_trip(mod.weight.float())
             pqs = getattr(mod.input_quantizer, "_pre_quant_scale", None)
             out[f"{name}.weight"] = w if pqs is None else w * pqs.float().reshape(1, -1)
     return out
+
+
+def _nvfp4_round_trip(w):
+    """ModelOpt's NVFP4QTensor quantize + dequantize of ``w`` (blocks of 16 inputs; runs on CPU)."""
+    import torch
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    q, scale, scale_2 = NVFP4QTensor.quantize(w, 16)
+    return q.dequantize(dtype=torch.float32, scale=scale, double_scale=scale_2, block_sizes={-1: 16})

@@ -34,7 +34,7 @@ from tests.families import FAMILIES, SHORT, fake_quant_weights, tiny_model
 
 pytestmark = pytest.mark.slow
 
-QUANTS = ["none", "fp8", "int4_awq"]
+QUANTS = ["none", "fp8", "int4_awq", "nvfp4"]
 MAPPINGS = [(1, 1), (2, 1), (1, 2), (2, 2)]
 GROUP = 32
 
@@ -45,6 +45,8 @@ def _cases():
         a = ARCHITECTURES[arch]
         for quant in QUANTS:
             for fmt in a.checkpoint_formats:
+                if fmt not in recipe(quant).checkpoint_formats:
+                    continue  # NVFP4: the unified checkpoint only
                 if fmt == "hf_unified" and a.moe is not None and recipe(quant).weight_bits == 4:
                     continue  # refused: test_refusals_are_real
                 for tp, pp in (MAPPINGS if fmt == "trtllm" else [(1, 1)]):

@@ -166,3 +166,12 @@ def test_plan_states_the_tensorrt_llm_versions_of_its_path(tmp_path):
     assert engine.tensorrt_llm_versions.startswith("1.2.x only") and hf.tensorrt_llm_versions.startswith("1.2.1 and")
     assert any("1.2.x only; runtime trtllm-llmapi" in w for w in engine.warnings)
     assert not any("1.2.x only" in w for w in hf.warnings)
+
+
+def test_nvfp4_needs_blackwell_and_the_unified_checkpoint(tmp_path):
+    cfg = hf_config("qwen3-8b")
+    assert "nvfp4_sm" in _problems(_spec(tmp_path, quant="nvfp4"), cfg)  # h100 is SM 90
+    plan = make_plan(_spec(tmp_path, quant="nvfp4", target="b200"), get_target("b200"), cfg)
+    assert plan.checkpoint_format == "hf_unified"
+    p = _problems(_spec(tmp_path, runtime="trtllm", quant="nvfp4", target="b200"), cfg, "b200")["family_quant"]
+    assert "nvfp4 is exported only as hf_unified" in p.rule and "nvfp4" not in p.fix.split(": ")[1].split(" | ")
