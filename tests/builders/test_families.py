@@ -47,7 +47,7 @@ def _cases():
             for fmt in a.checkpoint_formats:
                 if fmt not in recipe(quant).checkpoint_formats:
                     continue  # NVFP4: the unified checkpoint only
-                if fmt == "hf_unified" and a.moe is not None and recipe(quant).weight_bits == 4:
+                if fmt == "hf_unified" and a.moe is not None and recipe(quant).uses_group_size:
                     continue  # refused: test_refusals_are_real
                 for tp, pp in (MAPPINGS if fmt == "trtllm" else [(1, 1)]):
                     out.append(pytest.param(arch, quant, fmt, tp, pp, id=f"{SHORT[arch]}-{quant}-{fmt}-tp{tp}pp{pp}"))
