@@ -299,7 +299,7 @@ def _llmapi_readme(plan: DeploymentPlan) -> str:
     return f"""# Serving {plan.name} ({plan.runtime}) on a GPU host
 
 The build folder (`{plan.mount}`) holds ModelOpt's unified HF checkpoint (`engine/`) and the Triton repository
-(`model_repo/`); both ways below read the same LLM-API options file,
+(`model_repo/`); the first two ways below read the same LLM-API options file,
 `{plan.mount}/model_repo/tensorrt_llm/1/llm_api_options.yaml`. No engine is built: TensorRT-LLM's PyTorch backend
 loads the checkpoint. It needs TensorRT-LLM 1.2.1 or later; the image the compose and Kubernetes files use:
 `{plan.image}`. Check the version in it first:
@@ -316,7 +316,7 @@ Mount the build folder at the same path inside the container (config.pbtxt names
 {triton}
 ```
 
-Or `docker compose -f docker-compose.yaml up` / `kubectl apply -f k8s/` (same command). Ready when
+Or, from this folder, `docker compose -f docker-compose.yaml up` / `kubectl apply -f k8s/` (same command). Ready when
 `curl -s localhost:{plan.http_port}/v2/health/ready` answers 200.
 
 ## trtllm-serve (OpenAI-compatible API)
@@ -333,7 +333,7 @@ The same command is `trtllm-serve.sh` beside this file.
 
 ```bash
 cp -R <TensorRT-LLM checkout at your version>/triton_backend/all_models/llmapi/ llmapi_repo/
-cp llmapi/tensorrt_llm/1/model.yaml llmapi_repo/tensorrt_llm/1/model.yaml
+cp {plan.mount}/deploy/llmapi/tensorrt_llm/1/model.yaml llmapi_repo/tensorrt_llm/1/model.yaml
 python3 <TensorRT-LLM checkout>/triton_backend/scripts/launch_triton_server.py --model_repo=llmapi_repo/
 curl -X POST localhost:8000/v2/models/tensorrt_llm/generate -d '{{"text_input": "Hello", "sampling_param_max_tokens": 16}}'
 ```

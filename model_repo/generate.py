@@ -398,6 +398,14 @@ def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")
+    if build.runtime.engine == "llmapi":  # tensorrt_llm.LLM takes these from llm_api_options.yaml: show its values
+        from builders.llmapi_options import llm_api_options
+
+        kv = llm_api_options(build)["kv_cache_config"]
+        llm.set("enable_kv_cache_reuse", kv["enable_block_reuse"], "llm_api_options.yaml kv_cache_config."
+                "enable_block_reuse (spec: serving.enable_kv_cache_reuse, else the LLM API's default: on)")
+        llm.set("max_tokens_in_paged_kv_cache", kv.get("max_tokens", ""), "llm_api_options.yaml kv_cache_config."
+                "max_tokens (empty: the LLM API sizes the pool by free_gpu_memory_fraction)")
     llm.set("exclude_input_in_output", False, EXCLUDE_INPUT_REASON)
     llm.set("cancellation_check_period_ms", 100, "how often cancelled requests are looked for (backend default)")
     _set_tensor_tables(llm, side="runtime")

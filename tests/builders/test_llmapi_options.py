@@ -104,6 +104,9 @@ def test_llmapi_repository_carries_the_options_yaml(tmp_path):
     text = (tmp_path / "repo" / "tensorrt_llm" / "1" / "llm_api_options.yaml").read_text()
     assert text.startswith("# LLM-API options of build b") and yaml.safe_load(text) == llm_api_options(build, plan)
     assert yaml.safe_load(text)["moe_expert_parallel_size"] == 1 and yaml.safe_load(text)["enable_iter_perf_stats"]
+    # config.pbtxt shows what the options file gives tensorrt_llm.LLM, not the engine path's default
+    llm = next(m for m in repo.models if m.name == "tensorrt_llm")
+    assert llm.values["enable_kv_cache_reuse"] == "true" and "llm_api_options.yaml" in llm.sources["enable_kv_cache_reuse"]
 
 
 def test_kv_cache_reuse_follows_the_llm_api_default_unless_the_spec_says(tmp_path):
