@@ -370,3 +370,30 @@ def keeps_tied(sd: dict[str, torch.Tensor], hf_config: dict, default: bool = Fal
     tied = bool(hf_config.get("tie_word_embeddings", default))
     lm, emb = sd.get("lm_head.weight"), sd.get("model.embed_tokens.weight")
     return tied and (lm is None or emb is None or torch.equal(lm, emb))
+
+
+def write_dequantized(ckpt_dir: str | Path, hf_dir: Path, out_dir: Path, dtype: torch.dtype | None = None
+                      ) -> tuple[CheckpointInfo, bool]:
+    """Read ``ckpt_dir`` (either format, :func:`read_checkpoint`) and save it as an HF folder beside the source's
+    config.json (:func:`write_hf_folder`), lm_head tied as :func:`keeps_tied` decides with the family's default.
+
+    Args:
+        dtype: of the saved tensors; None: the checkpoint's own 16-bit dtype.
+
+    Returns:
+        (the checkpoint's info, whether lm_head is tied).
+    """
+    from plugins.architectures import architecture
+
+    hf_cfg = json.loads((Path(hf_dir) / "config.json").read_text())
+    sd, info = read_checkpoint(ckpt_dir, vocab_size=hf_cfg.get("vocab_size"))
+    if hf_cfg.get("num_hidden_layers") != info.num_layers:
+        raise StageError("checkpoint and source model disagree on num_hidden_layers: "
+                         f"{info.num_layers} vs {hf_cfg.get('num_hidden_layers')}")
+    if dtype is None:
+        name = info.config.get("dtype") or info.config.get("torch_dtype") or "float16"
+        dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(name, torch.float16)
+    arch = architecture((hf_cfg.get("architectures") or [None])[0])
+    tied = keeps_tied(sd, hf_cfg, arch.tie_default if arch else False)
+    write_hf_folder(sd, Path(hf_dir), Path(out_dir), dtype, tied)
+    return info, tied

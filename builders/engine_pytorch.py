@@ -14,13 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
-from builders.checkpoint import keeps_tied, read_checkpoint, write_hf_folder
+from builders.checkpoint import write_dequantized
 from builders.model_fetch import copy_tokenizer
 from builders.spec import LimitsConfig
 from plugins.architectures import architecture
-from plugins.errors import StageError
 
 ENGINE_FORMAT_VERSION = 1
 
@@ -41,15 +38,9 @@ def build_pytorch_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, limits:
         StageError: the checkpoint does not map onto the source architecture.
     """
     hf_cfg = json.loads((hf_dir / "config.json").read_text())
-    sd, info = read_checkpoint(ckpt_dir, vocab_size=hf_cfg.get("vocab_size"))
-    if hf_cfg.get("num_hidden_layers") != info.num_layers:
-        raise StageError("checkpoint and source model disagree on num_hidden_layers: "
-                         f"{info.num_layers} vs {hf_cfg.get('num_hidden_layers')}")
+    info, _ = write_dequantized(ckpt_dir, hf_dir, out_dir)
     dtype_name = info.config.get("dtype") or info.config.get("torch_dtype") or "float16"
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}.get(dtype_name, torch.float16)
     arch = architecture((hf_cfg.get("architectures") or [None])[0])
-    tied = keeps_tied(sd, hf_cfg, arch.tie_default if arch else False)
-    write_hf_folder(sd, hf_dir, out_dir, dtype, tied)
     copy_tokenizer(hf_dir, out_dir)
     engine = {
         "format": "trtpipe-pytorch-engine",

@@ -57,12 +57,9 @@ def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, g
             "device": device, "modelopt_version": modelopt.__version__}
 
 
-def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, limits: LimitsConfig,
-                          mapping: dict | None = None) -> dict:
-    """Hard-link the unified checkpoint into ``out_dir`` and record the limits and the parallel mapping in
-    ``engine.json`` (``mapping``: tp_size, pp_size, moe_tp_size, moe_ep_size: what the Triton model passes to
-    ``tensorrt_llm.LLM`` as tensor/pipeline/moe_tensor/moe_expert_parallel_size, TensorRT-LLM 1.2.1
-    ``llmapi/llm_args.py``)."""
+def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, limits: LimitsConfig) -> dict:
+    """Hard-link the unified checkpoint into ``out_dir`` and record the limits in ``engine.json`` (the options
+    ``tensorrt_llm.LLM`` gets are the repository's llm_api_options.yaml, builders.llmapi_options)."""
     from builders.model_fetch import copy_tokenizer
 
     if not (ckpt_dir / "config.json").is_file():
@@ -75,7 +72,6 @@ def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, limits
                 shutil.copy2(f, out_dir / f.name)
     copy_tokenizer(hf_dir, out_dir)
     engine = {"format": "modelopt-unified-hf", "runtime": "trtllm-llmapi", "build_config": limits.as_dict(),
-              "mapping": mapping or {"tp_size": 1, "pp_size": 1, "moe_tp_size": 1, "moe_ep_size": 1},
               "quantization": json.loads((ckpt_dir / "config.json").read_text()).get("quantization_config")}
     (out_dir / "engine.json").write_text(json.dumps(engine, indent=2) + "\n")
     return engine

@@ -70,15 +70,10 @@ def load_checkpoint_model(ckpt_dir: Path, hf_dir: Path):
 
     from transformers import AutoModelForCausalLM
 
-    from builders.checkpoint import keeps_tied, read_checkpoint, write_hf_folder
-    from plugins.architectures import architecture
+    from builders.checkpoint import write_dequantized
 
-    hf_cfg = json.loads((Path(hf_dir) / "config.json").read_text())
-    sd, info = read_checkpoint(ckpt_dir, vocab_size=hf_cfg.get("vocab_size"))
-    arch = architecture((hf_cfg.get("architectures") or [None])[0])
-    tied = keeps_tied(sd, hf_cfg, arch.tie_default if arch else False)
     with tempfile.TemporaryDirectory(prefix="trtpipe-verify-") as tmp:
-        write_hf_folder(sd, Path(hf_dir), Path(tmp), torch.float32, tied)
+        info, tied = write_dequantized(ckpt_dir, Path(hf_dir), Path(tmp), torch.float32)
         model, loading = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, output_loading_info=True)
     missing = [k for k in loading.get("missing_keys", ()) if not (tied and k == "lm_head.weight")]
     unexpected = list(loading.get("unexpected_keys", ()))

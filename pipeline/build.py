@@ -230,11 +230,8 @@ def llmapi_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
 
     key = stage_key(stage="engine", checkpoint=ckpt.key, spec=ctx.build.key_fields("engine"),
                     tokenizer=TOKENIZER_COMPAT)
-    plan = ctx.plan
-    mapping = {"tp_size": plan.tp_size, "pp_size": plan.pp_size, "moe_tp_size": plan.moe_tp_size,
-               "moe_ep_size": plan.moe_ep_size}
     return run_stage("engine", ctx.out / "engine", key, lambda tmp: prepare_llmapi_engine(
-        ckpt.path, ctx.hf_dir, tmp, limits=plan.limits, mapping=mapping), force=ctx.force)
+        ckpt.path, ctx.hf_dir, tmp, limits=ctx.plan.limits), force=ctx.force)
 
 
 def trtllm_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
