@@ -236,7 +236,8 @@ def _format_for(arch: Architecture, runtime_formats: tuple[str, ...], quant) -> 
             why = f"{quant.name} is exported only as {' or '.join(quant.checkpoint_formats)} (ModelOpt 0.47)"
             continue
         if fmt == "hf_unified" and arch.moe is not None and quant.uses_group_size:  # INT4 AWQ/RTN, W4A8 (NVFP4 works)
-            return None, MOE_INT4_REFUSAL
+            why = MOE_INT4_REFUSAL
+            continue
         return fmt, ""
     return None, why
 

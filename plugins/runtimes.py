@@ -78,7 +78,7 @@ PORTABLE_RUNTIME_CHOICES: tuple[tuple[str, str, str], ...] = (
 Measurements behind them: docs/benchmarks/h200.md."""
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
-    Runtime("pytorch", checkpoint_formats=("trtllm", "hf_unified"), engine="pytorch", template="tensorrt_llm_pytorch",
+    Runtime("pytorch", checkpoint_formats=("hf_unified",), engine="pytorch", template="tensorrt_llm_pytorch",
             sharded=False, image="project", decoupled_only=True, settings=PORTABLE_RUNTIME_CHOICES,
             tensorrt_llm_versions="none needed (transformers serves it)"),
     Runtime("trtllm", checkpoint_formats=("trtllm",), engine="trtllm-build", template="tensorrt_llm_trtllm",

@@ -106,3 +106,26 @@ def test_perf_metrics_are_ordered(default_server, built_default):
     last = perf[-1]
     assert last["arrival_time_ns"] <= last["first_scheduled_time_ns"] <= last["first_token_time_ns"] \
         <= last["last_token_time_ns"]
+
+
+def test_serves_the_unified_checkpoint_with_the_tokens_transformers_gives(default_server, built_default):
+    """One artifact for CPU dev and GPU prod: the portable runtime serves ModelOpt's unified HF checkpoint (the one
+    trtllm-llmapi loads on a GPU host), dequantized, and its greedy answers through tritonserver are the tokens
+    transformers itself decodes greedily from that dequantized checkpoint."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    engine = built_default / "engine"
+    assert json.loads((engine / "engine.json").read_text())["checkpoint_format"] == "hf_unified"
+    assert (built_default / "checkpoint" / "hf_quant_config.json").is_file()  # ModelOpt's unified export
+    tok = AutoTokenizer.from_pretrained(engine)
+    model = AutoModelForCausalLM.from_pretrained(engine, dtype=torch.float32).eval()
+    for question in ("What is the capital of France?", "Who wrote Hamlet?", "List three prime numbers."):
+        prompt = _chat(built_default, question)
+        served = "".join(c.text for c in _collect(default_server, prompt, 24))
+        ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1]:]
+        assert served == tok.decode(out, skip_special_tokens=True), question

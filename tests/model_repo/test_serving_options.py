@@ -142,9 +142,13 @@ def test_repetition_penalty_reduces_repeats(server, engine_dir):
     plain, _, _ = _text(server, prompt, 32, end_id=UNUSED_TOKEN)
     penalised, _, _ = _text(server, prompt, 32, end_id=UNUSED_TOKEN, extra={"repetition_penalty": 1.8})
 
-    def distinct(text):
-        words = text.lower().split()
-        return len(set(words)) / max(1, len(words))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(engine_dir)
+
+    def distinct(text):  # share of distinct tokens: repeated words and repeated newlines both count
+        ids = tok.encode(text, add_special_tokens=False)
+        return len(set(ids)) / max(1, len(ids))
 
     assert distinct(penalised) > distinct(plain), (plain, penalised)
 
