@@ -17,6 +17,21 @@ from builders.spec import ResolvedBuild
 from plugins.errors import Problem, did_you_mean
 from plugins.llmapi_args import LLM_API_ARGS
 
+SPECULATIVE: dict[str, dict[str, tuple[str, Optional[str]]]] = {
+    "eagle3": {"1.2.1": ("Eagle", "speculative_model_dir"), "1.4": ("Eagle3", "speculative_model")},
+    "draft_target": {"1.2.1": ("DraftTarget", "speculative_model_dir"), "1.4": ("Draft_Target", "speculative_model")},
+    "ngram": {"1.2.1": ("NGram", None), "1.4": ("NGram", None)},
+    "mtp": {"1.2.1": ("MTP", None), "1.4": ("MTP", None)},
+}
+"""serving.speculative_decoding.mode -> release -> (``decoding_type``, the draft checkpoint's key). 1.2.1 dispatches
+``DecodingBaseConfig.from_dict`` on ``Eagle`` (EAGLE-3 on the PyTorch backend, ``eagle3_one_model`` default true) and
+``DraftTarget``; 1.4's discriminated union names ``Eagle3`` and ``Draft_Target`` and renames ``speculative_model_dir``
+to ``speculative_model`` (tests/facts/trtllm_1_2_1/llm_args.json, tests/facts/trtllm_1_4/llm_args.json
+``speculative``)."""
+
+RELEASES = tuple(LLM_API_ARGS)
+"""The releases an options file is written for, oldest (the pinned container's) first."""
+
 SCHEDULER_POLICY = {"max_utilization": "MAX_UTILIZATION", "guaranteed_no_evict": "GUARANTEED_NO_EVICT"}
 """serving.batch_scheduler_policy -> ``SchedulerConfig.capacity_scheduler_policy`` (CapacitySchedulerPolicy)."""
 
@@ -30,13 +45,32 @@ def cuda_graph_batch_sizes(max_batch_size: int) -> list[int]:
     return sizes + [max_batch_size]
 
 
-def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[str, Any]:
-    """The options for ``tensorrt_llm.LLM`` (PyTorch backend) of ``build`` as planned: a dict for YAML.
+def speculative_config(spec, release: str) -> dict[str, Any]:
+    """``speculative_config`` of ``serving.speculative_decoding`` spelt for ``release`` (see :data:`SPECULATIVE`)."""
+    decoding_type, draft_key = SPECULATIVE[spec.mode][release]
+    out: dict[str, Any] = {"decoding_type": decoding_type}
+    if spec.mode == "mtp" and release == "1.2.1":  # 1.2.1 sets max_draft_len from num_nextn_predict_layers
+        out["num_nextn_predict_layers"] = spec.max_draft_len
+    else:
+        out["max_draft_len"] = spec.max_draft_len
+    if draft_key and spec.draft_model:
+        out[draft_key] = spec.draft_model
+    if spec.mode == "ngram":
+        out["max_matching_ngram_size"] = spec.max_matching_ngram_size
+    if spec.max_concurrency:
+        out["max_concurrency"] = spec.max_concurrency
+    return out
+
+
+def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None, release: str = RELEASES[0]) -> dict[str, Any]:
+    """The options for ``tensorrt_llm.LLM`` (PyTorch backend) of ``build`` as planned, for TensorRT-LLM ``release``
+    (a key of :data:`plugins.llmapi_args.LLM_API_ARGS`): a dict for YAML.
 
     Keys are ``TorchLlmArgs`` fields (TensorRT-LLM ``llmapi/llm_args.py``); nested dicts are ``KvCacheConfig``,
-    ``SchedulerConfig`` and ``CudaGraphConfig``. ``serving.llm_api_options`` entries are merged last (the user's
-    word wins), then checked by :func:`option_problems`. Without ``plan`` (spec checks) the expert sizes are the
-    spec's when it sets them.
+    ``SchedulerConfig``, ``CudaGraphConfig`` and the ``speculative_config`` of :func:`speculative_config` (the one
+    part spelt differently per release). ``serving.llm_api_options`` entries are merged last (the user's word wins),
+    then checked by :func:`option_problems`. Without ``plan`` (spec checks) the expert sizes are the spec's when it
+    sets them.
     """
     s = build.settings
     lim, sv, q, par = s.limits, s.serving, s.quantization, s.parallelism
@@ -49,6 +83,8 @@ def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[s
                           "tokens_per_block": lim.tokens_per_block}
     if sv.max_tokens_in_paged_kv_cache:
         kv["max_tokens"] = sv.max_tokens_in_paged_kv_cache
+    if sv.kv_cache_host_memory_bytes:
+        kv["host_cache_size"] = sv.kv_cache_host_memory_bytes
     options: dict[str, Any] = {
         "tensor_parallel_size": par.tp_size, "pipeline_parallel_size": par.pp_size,
         "max_batch_size": lim.max_batch_size, "max_num_tokens": lim.max_num_tokens, "max_seq_len": lim.max_seq_len,
@@ -57,6 +93,10 @@ def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[s
         "scheduler_config": {"capacity_scheduler_policy": SCHEDULER_POLICY[sv.batch_scheduler_policy]},
         "cuda_graph_config": {"batch_sizes": cuda_graph_batch_sizes(lim.max_batch_size), "enable_padding": True},
     }
+    if sv.speculative_decoding is not None:
+        options["speculative_config"] = speculative_config(sv.speculative_decoding, release)
+    if sv.guided_decoding_backend:
+        options["guided_decoding_backend"] = sv.guided_decoding_backend
     if plan is not None and plan.model.is_moe or plan is None and (par.moe_ep_size or par.moe_tp_size):
         moe_tp, moe_ep = (plan.moe_tp_size, plan.moe_ep_size) if plan is not None else par.moe_sizes
         options.update(moe_tensor_parallel_size=moe_tp, moe_expert_parallel_size=moe_ep)
@@ -68,15 +108,61 @@ def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[s
     return options
 
 
-def option_problems(options: dict[str, Any], field: str = "serving.llm_api_options") -> list[Problem]:
-    """Every key of ``options`` that a supported TensorRT-LLM release does not accept, naming the release.
+def options_by_release(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[str, dict[str, Any]]:
+    """:func:`llm_api_options` for every release in :data:`RELEASES`, oldest first."""
+    return {r: llm_api_options(build, plan, r) for r in RELEASES}
+
+
+def options_files(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[str, str]:
+    """``{file name: YAML text}``: ``llm_api_options.yaml`` for the oldest release (the pinned container's) and
+    ``llm_api_options-<release>.yaml`` for each later one whose options differ (speculative decoding's spelling)."""
+    by_release = options_by_release(build, plan)
+    first = by_release[RELEASES[0]]
+    files = {OPTIONS_FILE: options_yaml(first, build, [r for r, o in by_release.items() if o == first])}
+    for release, options in by_release.items():
+        if options != first:
+            files[options_file(release)] = options_yaml(options, build, [release])
+    return files
+
+
+OPTIONS_FILE = "llm_api_options.yaml"
+
+
+def options_file(release: str) -> str:
+    """The options file name for ``release``: :data:`OPTIONS_FILE` for the oldest, else with the release in it."""
+    return OPTIONS_FILE if release == RELEASES[0] else f"llm_api_options-{release}.yaml"
+
+
+def option_problems(options: dict[str, Any], field: str = "serving.llm_api_options",
+                    releases: Optional[list[str]] = None) -> list[Problem]:
+    """Every key of ``options`` that a TensorRT-LLM release (``releases``, default every supported one) does not
+    accept, naming the release.
 
     A top-level key must be a ``TorchLlmArgs`` field of each release in :data:`LLM_API_ARGS`; a nested key a field
-    of that option's config class; a key only the TensorRT backend takes (``build_config``...) is refused by the
-    PyTorch backend.
+    of that option's config class (``speculative_config``: of its ``decoding_type``'s class); a key only the TensorRT
+    backend takes (``build_config``...) is refused by the PyTorch backend.
     """
     problems: list[Problem] = []
-    for version, args in LLM_API_ARGS.items():
+    for version in releases or RELEASES:
+        args = LLM_API_ARGS[version]
+        spec = options.get("speculative_config")
+        if isinstance(spec, dict):
+            kind = spec.get("decoding_type")
+            if kind not in args.speculative:
+                problems.append(Problem(f"{field}.speculative_config.decoding_type", kind, f"TensorRT-LLM {version} "
+                                        f"takes decoding_type {' | '.join(sorted(args.speculative))} here",
+                                        "use one of them (serving.speculative_decoding.mode writes the right one)."
+                                        f"{did_you_mean(str(kind), args.speculative)}", code="llm_api_key"))
+            else:
+                problems += [Problem(f"{field}.speculative_config.{k}", v, f"TensorRT-LLM {version}'s {kind} "
+                                     f"speculative_config has no field '{k}'", "remove it or use a known field."
+                                     f"{did_you_mean(k, args.speculative[kind])}", code="llm_api_key")
+                             for k, v in spec.items() if k not in args.speculative[kind]]
+        backend = options.get("guided_decoding_backend")
+        if backend is not None and backend not in args.guided_decoding_backends:
+            problems.append(Problem(f"{field}.guided_decoding_backend", backend, f"TensorRT-LLM {version} takes "
+                                    f"{' | '.join(sorted(args.guided_decoding_backends))}", "use one of them",
+                                    code="llm_api_key"))
         for key, value in options.items():
             if key in args.trt_only:
                 problems.append(Problem(f"{field}.{key}", value, f"TensorRT-LLM {version}'s PyTorch backend refuses "
@@ -86,6 +172,8 @@ def option_problems(options: dict[str, Any], field: str = "serving.llm_api_optio
                 problems.append(Problem(f"{field}.{key}", value, f"TensorRT-LLM {version}'s LLM API has no option "
                                         f"'{key}'", f"remove it or use a known option.{did_you_mean(key, args.fields)}",
                                         code="llm_api_key"))
+            elif key == "speculative_config":
+                continue  # checked above, by decoding_type
             elif isinstance(value, dict) and key in args.nested:
                 for sub, sub_value in value.items():
                     if sub not in args.nested[key]:
@@ -95,11 +183,12 @@ def option_problems(options: dict[str, Any], field: str = "serving.llm_api_optio
     return problems
 
 
-def options_yaml(options: dict[str, Any], build: ResolvedBuild) -> str:
-    """The options as the YAML file ``trtllm-serve --extra_llm_api_options`` (``--config``) reads, with a header."""
+def options_yaml(options: dict[str, Any], build: ResolvedBuild, releases: Optional[list[str]] = None) -> str:
+    """The options as the YAML file ``trtllm-serve --extra_llm_api_options`` (``--config``) reads, with a header
+    naming the releases (default every supported one) it was checked against."""
     import yaml
 
     head = (f"# LLM-API options of build {build.name} for {build.target} (generated by trtpipe from the spec and the "
-            "plan).\n# trtllm-serve serve <checkpoint> --config <this file> (alias --extra_llm_api_options); checked "
-            f"against TensorRT-LLM {', '.join(LLM_API_ARGS)}.\n")
+            "plan).\n# trtllm-serve serve <checkpoint> --config <this file> (alias --extra_llm_api_options); for "
+            f"TensorRT-LLM {', '.join(releases or RELEASES)}.\n")
     return head + yaml.safe_dump(options, sort_keys=False)

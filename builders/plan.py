@@ -37,6 +37,10 @@ from plugins.targets import TargetProfile
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 GPU_RUNTIME_RESERVE_BYTES = 1 * GIB
+SPECULATIVE_HELPS_UP_TO = 16
+"""Batch size above which the plan asks for speculative_decoding.max_concurrency. Ours, not an upstream number:
+TensorRT-LLM's docs/source/features/speculative-decoding.md says the gains are only observable at low batch sizes,
+and the published speed-ups (docs/gpu-hosts.md) are measured at batch 1."""
 """Per-GPU memory the plan sets aside for the CUDA context, cuBLAS/NCCL workspaces and the
 runtime's own buffers (an estimate: 0.5-1 GiB is what a CUDA 12 context plus TensorRT-LLM's
 workspaces take in practice). CPU targets reserve nothing: memory_gib is already a budget."""
@@ -206,6 +210,65 @@ class KVPlan(_Frozen):
     """min(workload_sequences, max_batch_size): in-flight requests of that shape."""
 
 
+class SpeculativePlan(_Frozen):
+    """Speculative decoding as planned (serving.speculative_decoding): what the draft costs on one rank."""
+
+    mode: str
+    max_draft_len: int
+    tokens_per_step: int
+    """1 + max_draft_len: tokens one generation request runs through the target per step."""
+    draft_model: Optional[str]
+    draft_weights_bytes: int
+    """The draft's weights on one rank (its config.json's shape at the checkpoint dtype, split by tp; 0 for ngram
+    and mtp, whose drafts are text or the model's own layers)."""
+    draft_kv_bytes_per_token: int
+    """KV bytes per token of the draft's layers (they share the paged pool with the target's)."""
+    draft_source: str
+    """Where the draft's shape came from, or why its memory is not counted."""
+
+
+def draft_config(build: ResolvedBuild) -> tuple[Optional[dict], str]:
+    """The draft's config.json (serving.speculative_decoding: ``draft_hf_config``, else ``draft_model``'s
+    folder) and where it came from; (None, why) when neither is readable here."""
+    spec = build.settings.serving.speculative_decoding
+    if spec is None or spec.mode not in ("eagle3", "draft_target"):
+        return None, "no draft checkpoint"
+    for path in (spec.draft_hf_config, spec.draft_model and str(Path(spec.draft_model) / "config.json")):
+        if path and Path(path).is_file():
+            return json.loads(Path(path).read_text()), path
+    return None, (f"draft memory not counted: no config.json at {spec.draft_model} (set "
+                  "serving.speculative_decoding.draft_hf_config to a copy of the draft's config.json)")
+
+
+def speculative_plan(build: ResolvedBuild, tp: int, dtype_bytes: int, kv_dtype_bytes: int,
+                     draft: Optional[dict], source: str) -> Optional[SpeculativePlan]:
+    """The draft's memory on one rank. EAGLE-3 heads (``*Eagle3*`` configs: one decoder layer over the target's
+    hidden states) add the fc that fuses 3 hidden-state taps (3 x hidden x hidden) and use ``draft_vocab_size``
+    for their lm_head (the EAGLE-3 checkpoints' layout; the embedding is counted too, an upper bound where the
+    draft shares the target's). Draft-target models are a whole smaller model."""
+    spec = build.settings.serving.speculative_decoding
+    if spec is None:
+        return None
+    weights = kv = 0
+    if draft is not None:
+        cfg = dict(draft)
+        if spec.mode == "eagle3":
+            cfg["vocab_size"] = cfg.get("draft_vocab_size") or cfg.get("vocab_size")
+            cfg.setdefault("architectures", ["LlamaForCausalLM"])
+        shape = ModelShape.from_hf_config(cfg, field="serving.speculative_decoding.draft_model")
+        per_pp, _, _, _ = _weights(shape, tp, 1, recipe("none"), 128, dtype_bytes, moe_tp=tp, moe_ep=1,
+                                   dedupe_tied=True)
+        weights = per_pp[0] + (3 * shape.hidden_size * shape.hidden_size * dtype_bytes // tp
+                               if spec.mode == "eagle3" else 0)
+        kv = kv_bytes_per_token(shape, tp, 1, kv_dtype_bytes)
+    elif spec.mode in ("ngram", "mtp"):
+        source = {"ngram": "no draft model (drafts are n-grams of the text)",
+                  "mtp": "the model's own MTP layers (in its weights)"}[spec.mode]
+    return SpeculativePlan(mode=spec.mode, max_draft_len=spec.max_draft_len, tokens_per_step=1 + spec.max_draft_len,
+                           draft_model=spec.draft_model, draft_weights_bytes=weights, draft_kv_bytes_per_token=kv,
+                           draft_source=source)
+
+
 class MemoryPlan(_Frozen):
     """Device memory of the heaviest rank, in bytes."""
 
@@ -226,8 +289,10 @@ class MemoryPlan(_Frozen):
     """Estimate of the activation memory fixed at build time (formula in activation_bytes())."""
     free_bytes_after_weights_and_activations: int
     kv: KVPlan
+    draft_weights_bytes: int = 0
+    """The speculative draft's weights on one rank (SpeculativePlan.draft_weights_bytes)."""
     total_bytes: int
-    """reserve + weights + activations + KV pool on one rank."""
+    """reserve + weights + draft weights + activations + KV pool on one rank."""
 
 
 class Plan(_Frozen):
@@ -266,6 +331,8 @@ class Plan(_Frozen):
     memory: MemoryPlan
     plugins: list[PluginDecision]
     """The trtllm-build decisions (plugins.resolve), each with its reason; the engine stage passes them."""
+    speculative: Optional[SpeculativePlan] = None
+    """Speculative decoding and its draft's memory (null: off)."""
     runtime_settings: list[RuntimeSetting] = []
     """The pytorch runtime's continuous-batching settings and why (empty for the TensorRT-LLM runtimes)."""
     plugins_apply: bool
@@ -429,7 +496,7 @@ def plugin_decisions(build: ResolvedBuild, sm: Optional[int], architecture_name:
 
 
 def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128,
-                 osl: int = 128) -> Plan:
+                 osl: int = 128, draft: Optional[dict] = None, draft_source: str = "") -> Plan:
     """Plan ``build`` on ``target`` for the model described by ``hf_config`` (pure; no rule raises).
 
     Args:
@@ -438,6 +505,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
         hf_config: the model's HF ``config.json`` as a dict (no weights needed).
         isl, osl: input and output sequence length of the workload whose concurrency the plan
             reports (tokens).
+        draft, draft_source: the speculative draft's config.json and where it came from (:func:`draft_config`).
 
     Returns:
         The plan. Rules are checked by :func:`builders.preflight.make_plan`, which calls this.
@@ -466,9 +534,11 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                             lim.max_beam_width, dtype_bytes)
     device = int(target.memory_gib * GIB)
     reserve = GPU_RUNTIME_RESERVE_BYTES if target.kind == "gpu" else 0
-    free = device - reserve - weights - acts
+    spec = speculative_plan(build, tp, DTYPE_BYTES[s.dtype], kv_dtype_bytes, draft, draft_source)
+    draft_weights = spec.draft_weights_bytes if spec else 0
+    free = device - reserve - weights - draft_weights - acts
 
-    bpt = kv_bytes_per_token(shape, tp, pp, kv_dtype_bytes)
+    bpt = kv_bytes_per_token(shape, tp, pp, kv_dtype_bytes) + (spec.draft_kv_bytes_per_token if spec else 0)
     cap = sv.max_tokens_in_paged_kv_cache
     if target.kind == "cpu":  # CPU targets allocate per sequence
         tokens, source = kv_slots(lim.max_batch_size, lim.max_seq_len, cap)
@@ -492,7 +562,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                         weights_bytes_by_pp_rank=per_pp, weights_breakdown=breakdown, params_total=params,
                         params_active=active,
                         activation_bytes=acts, free_bytes_after_weights_and_activations=free, kv=kv,
-                        total_bytes=reserve + weights + acts + pool)
+                        draft_weights_bytes=draft_weights, total_bytes=reserve + weights + draft_weights + acts + pool)
 
     plugins = plugin_decisions(build, target.sm, shape.architecture)
 
@@ -539,6 +609,20 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
             and q.kv_cache_quant_algo is None):
         warnings.append(f"target {target.name} has FP8 tensor cores; quant_algo fp8 would halve weight memory")
 
+    if spec is not None:
+        if spec.draft_source.startswith("draft memory not counted"):
+            warnings.append(spec.draft_source)
+        need = lim.max_batch_size * spec.tokens_per_step
+        if lim.max_num_tokens < need:
+            warnings.append(f"speculative decoding: a generation step takes 1 + max_draft_len = {spec.tokens_per_step} "
+                            f"tokens per request, so max_num_tokens {lim.max_num_tokens} runs at most "
+                            f"{lim.max_num_tokens // spec.tokens_per_step} of max_batch_size {lim.max_batch_size} "
+                            f"requests a step (raise it to {need})")
+        if lim.max_batch_size > SPECULATIVE_HELPS_UP_TO and not sv.speculative_decoding.max_concurrency:
+            warnings.append(f"speculative decoding gains show at low batch sizes only (TensorRT-LLM's speculative-"
+                            f"decoding docs) and max_batch_size is {lim.max_batch_size}: set serving."
+                            f"speculative_decoding.max_concurrency (e.g. {SPECULATIVE_HELPS_UP_TO}) to stop drafting "
+                            "when more requests are in flight")
     if build.runtime.builds_trt_engine and arch is not None and "trtllm-llmapi" in RUNTIMES \
             and support(arch, RUNTIMES["trtllm-llmapi"], build.recipe).ok:
         warnings.append(f"the engine path (runtime {s.runtime}) works with TensorRT-LLM 1.2.x only; runtime trtllm-llmapi "
@@ -552,6 +636,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 checkpoint_format=fmt, moe_tp_size=moe_tp if shape.is_moe else 1,
                 moe_ep_size=moe_ep if shape.is_moe else 1,
                 limits=lim, memory=memory, plugins=plugins, plugins_apply=build.runtime.builds_trt_engine,
+                speculative=spec,
                 runtime_settings=(portable_runtime_settings(build, kv.capacity_tokens if target.kind == "gpu" else None)
                                   if build.runtime.settings else []),
                 warnings=warnings)

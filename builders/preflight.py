@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from builders.llmapi_options import llm_api_options, option_problems
-from builders.plan import (ModelShape, Plan, compute_plan, human_bytes, layer_shards, plugin_decisions,
-                           read_hf_config)
+from builders.llmapi_options import RELEASES, llm_api_options, option_problems
+from builders.plan import (ModelShape, Plan, compute_plan, draft_config, human_bytes, layer_shards,
+                           plugin_decisions, read_hf_config)
 from builders.spec import ResolvedBuild
 from plugins.architectures import ARCHITECTURES, ROPE_TYPES, Architecture, architecture, support
 from plugins.recipes import QUANT_RECIPES
@@ -121,7 +121,8 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
     # each supported TensorRT-LLM release takes (plugins/llmapi_args.py, from tensorrt_llm/llmapi/llm_args.py).
     if build.runtime.engine == "llmapi":
         problems += [Problem(where(p.field), p.value, p.rule, p.fix, p.code)
-                     for p in option_problems(llm_api_options(build))]
+                     for r in RELEASES for p in option_problems(llm_api_options(build, release=r), releases=[r])]
+    problems += llmapi_feature_problems(build)
 
     # KV-cache reuse and chunked context need an engine built with paged context FMHA
     # (https://nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html: "KV cache reuse
@@ -136,6 +137,71 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
                                     f"needs an engine with use_paged_context_fmha enabled, but the plugin "
                                     f"resolution gives {paged!r}", "turn the option off, or fix plugins/resolve.py "
                                     "so that it enables use_paged_context_fmha", code="paged_context_fmha"))
+    return problems
+
+
+def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
+    """Speculative decoding, guided decoding and host KV offload: which runtimes take them, and the draft rules.
+
+    Speculative and guided decoding are configured through the LLM API (``speculative_config``,
+    ``guided_decoding_backend`` of ``tensorrt_llm/llmapi/llm_args.py``): only trtllm-llmapi. EAGLE-3 and
+    draft-target need a draft checkpoint, NGram and MTP take none (``EagleDecodingConfig`` /
+    ``DraftTargetDecodingConfig`` require ``speculative_model_dir``: tests/facts/trtllm_1_2_1/llm_args.json). Host KV
+    offload exists in TensorRT-LLM's KV cache manager (both TensorRT-LLM runtimes), not in the portable runtime.
+    """
+    s, where = build.settings, build.where
+    sv = s.serving
+    spec = sv.speculative_decoding
+    llmapi = build.runtime.engine == "llmapi"
+    problems: list[Problem] = []
+    for name, value, what in (("speculative_decoding", spec and spec.mode, "speculative_config"),
+                              ("guided_decoding_backend", sv.guided_decoding_backend, "guided_decoding_backend")):
+        if value and not llmapi:
+            problems.append(Problem(where(f"serving.{name}"), value, f"runtime {s.runtime} does not configure it: "
+                                    f"only trtllm-llmapi passes the LLM API's {what}",
+                                    f"set runtime: trtllm-llmapi for this target, or remove serving.{name}",
+                                    code="llmapi_feature"))
+    if sv.kv_cache_host_memory_bytes and build.runtime.engine == "pytorch":
+        problems.append(Problem(where("serving.kv_cache_host_memory_bytes"), sv.kv_cache_host_memory_bytes,
+                                "the portable runtime has no host tier for KV blocks (TensorRT-LLM's KV cache manager "
+                                "has)", "remove it for this target, or use runtime trtllm / trtllm-llmapi",
+                                code="kv_host_cache_runtime"))
+    if spec is not None:
+        drafted = spec.mode in ("eagle3", "draft_target")
+        if drafted and not spec.draft_model:
+            problems.append(Problem(where("serving.speculative_decoding.draft_model"), None,
+                                    f"mode {spec.mode} needs a draft checkpoint (speculative_model_dir)",
+                                    "set draft_model to the draft's folder or hub id as the GPU host sees it",
+                                    code="speculative_draft"))
+        if not drafted and (spec.draft_model or spec.draft_hf_config):
+            problems.append(Problem(where("serving.speculative_decoding.draft_model"), spec.draft_model or
+                                    spec.draft_hf_config, f"mode {spec.mode} takes no draft model (its drafts come "
+                                    "from " + ("the text)" if spec.mode == "ngram" else "the model's own MTP layers)"),
+                                    "remove draft_model / draft_hf_config, or use mode eagle3 or draft_target",
+                                    code="speculative_draft"))
+    return problems
+
+
+def speculative_model_problems(build: ResolvedBuild, hf_config: dict, draft: dict | None) -> list[Problem]:
+    """The model's side of speculative decoding: MTP needs MTP layers in the checkpoint (``num_nextn_predict_layers``
+    of its config.json, as DeepSeek-V3's; TensorRT-LLM's MTPDecodingConfig reads them from there), and a
+    draft-target draft must share the target's vocabulary (its tokens are verified by id)."""
+    spec = build.settings.serving.speculative_decoding
+    where = build.where
+    problems: list[Problem] = []
+    if spec is None:
+        return problems
+    if spec.mode == "mtp" and not hf_config.get("num_nextn_predict_layers"):
+        problems.append(Problem(where("serving.speculative_decoding.mode"), "mtp",
+                                f"{(hf_config.get('architectures') or ['this model'])[0]} has no MTP layers "
+                                "(config.json num_nextn_predict_layers is absent or 0)",
+                                "use mode eagle3 with a draft head, draft_target, or ngram", code="speculative_mtp"))
+    if spec.mode == "draft_target" and draft is not None and draft.get("vocab_size") != hf_config.get("vocab_size"):
+        problems.append(Problem(where("serving.speculative_decoding.draft_model"), spec.draft_model,
+                                f"the draft's vocab_size {draft.get('vocab_size')} differs from the model's "
+                                f"{hf_config.get('vocab_size')}: draft tokens are verified by id",
+                                "pick a draft with the same tokenizer (e.g. a smaller model of the same family)",
+                                code="speculative_vocab"))
     return problems
 
 
@@ -373,9 +439,11 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     problems += architecture_problems(build, hf_config, str(hf_config.get("_name_or_path", "config.json")))
     if not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
         problems += model_problems(build, hf_config)
+    draft, draft_source = draft_config(build)
+    problems += speculative_model_problems(build, hf_config, draft)
     plan = None
     if not any(p.code in SHARDING_CODES + ("architecture", "rope_type") for p in problems):
-        plan = compute_plan(build, target, hf_config, isl=isl, osl=osl)
+        plan = compute_plan(build, target, hf_config, isl=isl, osl=osl, draft=draft, draft_source=draft_source)
         problems += memory_problems(build, target, plan)
     if problems:
         raise SpecError(problems, build.spec_path)

@@ -174,6 +174,29 @@ class InstanceCounts(_Strict):
     """Instances of the BLS model."""
 
 
+class SpeculativeDecodingConfig(_Strict):
+    """Speculative decoding on the HF-checkpoint path (runtime trtllm-llmapi): the LLM API's ``speculative_config``
+    (``DecodingBaseConfig`` subclasses of TensorRT-LLM ``llmapi/llm_args.py``, spelt per release by
+    ``builders.llmapi_options``)."""
+
+    mode: Literal["eagle3", "ngram", "draft_target", "mtp"]
+    """``eagle3`` (an EAGLE-3 draft head), ``ngram`` (drafts from n-grams already seen, no draft model),
+    ``draft_target`` (a smaller model of the same tokenizer) or ``mtp`` (the model's own multi-token-prediction
+    layers, where its checkpoint has them)."""
+    max_draft_len: int = Field(3, ge=1, le=16)
+    """Draft tokens proposed per step (each generation request then takes 1 + max_draft_len tokens a step)."""
+    draft_model: Optional[str] = None
+    """The draft checkpoint (eagle3, draft_target): a folder (relative paths resolve against the YAML file) or a
+    Hugging Face id, as the GPU host will see it (``speculative_model_dir``)."""
+    draft_hf_config: Optional[str] = None
+    """A config.json of the draft for the plan's memory while the draft is not here (relative to the YAML file)."""
+    max_matching_ngram_size: int = Field(2, ge=1)
+    """ngram: longest suffix matched against earlier text (``NGramDecodingConfig.max_matching_ngram_size``)."""
+    max_concurrency: Optional[int] = Field(None, ge=1)
+    """Stop drafting while more requests than this are in flight (``DecodingBaseConfig.max_concurrency``); null
+    drafts at any batch size."""
+
+
 class ServingConfig(_Strict):
     streaming: bool = True
     """Stream tokens as they are generated (the tensorrt_llm model is then decoupled)."""
@@ -197,6 +220,13 @@ class ServingConfig(_Strict):
     """Extra ``tensorrt_llm.LLM`` options (runtime trtllm-llmapi) merged into the generated LLM-API options YAML
     (``trtllm-serve --extra_llm_api_options``), nested dicts merged key by key; every key is checked against the
     LLM API of TensorRT-LLM 1.2.1 and 1.4 (plugins/llmapi_args.py)."""
+    speculative_decoding: Optional[SpeculativeDecodingConfig] = None
+    """Speculative decoding (runtime trtllm-llmapi); null: off."""
+    guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]] = None
+    """Structured-output (JSON schema, regex, grammar) backend of the LLM API (runtime trtllm-llmapi); null: off."""
+    kv_cache_host_memory_bytes: Optional[int] = Field(None, ge=1)
+    """Host memory for KV blocks offloaded from the GPU pool (reused prefixes survive eviction), bytes; null: none
+    (``KvCacheConfig.host_cache_size``; the C++ backend's ``kv_cache_host_memory_bytes``)."""
     max_queue_delay_microseconds: int = Field(0, ge=0)
     """Triton dynamic-batching queue delay for the tensorrt_llm model."""
     max_queue_size: int = Field(0, ge=0)
@@ -509,6 +539,13 @@ def load_spec(path: str | Path, target: str, overrides: dict | None = None) -> R
         model = model.model_copy(update={"source": absolute(model.source)})
     if model.hf_config:
         model = model.model_copy(update={"hf_config": absolute(model.hf_config)})
+    spec = settings.serving.speculative_decoding
+    if spec is not None:  # a path (./, ../, ~, /) resolves against the YAML file; anything else is a hub id
+        paths = {k: absolute(v) for k, v in (("draft_model", spec.draft_model), ("draft_hf_config",
+                 spec.draft_hf_config)) if v and (k == "draft_hf_config" or v.startswith((".", "/", "~")))}
+        if paths:
+            settings = settings.model_copy(update={"serving": settings.serving.model_copy(update={
+                "speculative_decoding": spec.model_copy(update=paths)})})
     return ResolvedBuild(name=bf.name, target=target, spec_path=str(path.resolve()), model=model, settings=settings,
                          overridden=tuple(_leaf_paths(bf.targets.get(target) or {})))
 

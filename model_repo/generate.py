@@ -354,9 +354,9 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
             "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
     files = {}
     if build.runtime.engine == "llmapi":  # the options tensorrt_llm.LLM gets: one file for Triton and trtllm-serve
-        from builders.llmapi_options import llm_api_options, options_yaml
+        from builders.llmapi_options import options_files
 
-        files["tensorrt_llm/1/llm_api_options.yaml"] = options_yaml(llm_api_options(build, plan), build)
+        files.update({f"tensorrt_llm/1/{name}": text for name, text in options_files(build, plan).items()})
     return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path(), files)
 
 
@@ -429,6 +429,9 @@ def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src
         llm.set(key, getattr(sv, key), f"spec: serving.{key}")
     tokens, kv_src = kv_slots(lim.max_batch_size, lim.max_seq_len, sv.max_tokens_in_paged_kv_cache)
     llm.set("max_tokens_in_paged_kv_cache", tokens, f"{kv_src}; the memory fraction still caps it")
+    llm.set("kv_cache_host_memory_bytes", sv.kv_cache_host_memory_bytes or "",
+            "spec: serving.kv_cache_host_memory_bytes" + ("" if sv.kv_cache_host_memory_bytes else
+                                                         " (empty: no host KV tier, the backend's default)"))
     llm.set("exclude_input_in_output", False, EXCLUDE_INPUT_REASON)
     beams = lim.max_beam_width
     llm.set("decoding_mode", "beam_search" if beams > 1 else "top_k_top_p",

@@ -22,16 +22,25 @@ class LlmApiArgs:
         fields: top-level option names (``TorchLlmArgs`` and its base ``BaseLlmArgs``).
         trt_only: options of the TensorRT backend's ``TrtLlmArgs`` that the PyTorch backend refuses.
         nested: fields of the nested config options (``kv_cache_config``, ``scheduler_config``, ``cuda_graph_config``).
+        speculative: ``speculative_config`` keys per ``decoding_type`` value the release accepts (the
+            ``DecodingBaseConfig`` fields, the subclass's own, and ``decoding_type``).
+        guided_decoding_backends: the ``guided_decoding_backend`` values.
     """
 
     source: str
     fields: frozenset[str]
     trt_only: frozenset[str] = field(default=frozenset())
     nested: dict[str, frozenset[str]] = field(default_factory=dict)
+    speculative: dict[str, frozenset[str]] = field(default_factory=dict)
+    guided_decoding_backends: frozenset[str] = field(default=frozenset())
 
 
 def _names(text: str) -> frozenset[str]:
     return frozenset(text.split())
+
+
+def _decoding(base: str, **classes: str) -> dict[str, frozenset[str]]:
+    return {kind: _names(base) | _names(own) | {"decoding_type"} for kind, own in classes.items()}
 
 
 LLM_API_ARGS: dict[str, LlmApiArgs] = {
@@ -71,7 +80,18 @@ LLM_API_ARGS: dict[str, LlmApiArgs] = {
 """,
             "scheduler_config": "capacity_scheduler_policy context_chunking_policy dynamic_batch_config",
             "cuda_graph_config": "batch_sizes enable_padding max_batch_size",
-        }.items()}),
+        }.items()},
+        speculative=_decoding(
+            "max_draft_len max_total_draft_tokens speculative_model_dir max_concurrency draft_len_schedule "
+            "load_format acceptance_window acceptance_length_threshold allow_advanced_sampling",
+            Eagle="eagle_choices greedy_sampling posterior_threshold use_dynamic_tree dynamic_tree_max_topK "
+                  "num_eagle_layers max_non_leaves_per_layer eagle3_one_model eagle3_layers_to_capture",
+            NGram="max_matching_ngram_size is_keep_all is_use_oldest is_public_pool",
+            DraftTarget="",
+            MTP="num_nextn_predict_layers use_relaxed_acceptance_for_thinking relaxed_topk relaxed_delta "
+                "use_mtp_vanilla mtp_eagle_one_model num_nextn_predict_layers_from_model_config "
+                "begin_thinking_phase_token end_thinking_phase_token"),
+        guided_decoding_backends=_names("xgrammar llguidance")),
     "1.4": LlmApiArgs(
         source="NVIDIA/TensorRT-LLM@44373a31ee62 tensorrt_llm/llmapi/llm_args.py",
         fields=_names("""
@@ -122,7 +142,21 @@ LLM_API_ARGS: dict[str, LlmApiArgs] = {
 """,
             "scheduler_config": "capacity_scheduler_policy context_chunking_policy dynamic_batch_config enable_prefix_aware_scheduling use_python_scheduler waiting_queue_policy",
             "cuda_graph_config": "batch_sizes enable_padding max_batch_size mode",
-        }.items()}),
+        }.items()},
+        speculative=_decoding(
+            "max_draft_len max_total_draft_tokens speculative_model speculative_model_dir moe_backend "
+            "max_concurrency draft_len_schedule load_format acceptance_rate_window_size acceptance_rate_threshold "
+            "use_rejection_sampling allow_advanced_sampling advanced_sampling_mode enable_penalty",
+            Eagle3="use_dynamic_tree dynamic_tree_max_topK num_eagle_layers max_non_leaves_per_layer "
+                   "eagle3_layers_to_capture eagle3_model_arch sa_config",
+            Eagle="use_dynamic_tree dynamic_tree_max_topK num_eagle_layers max_non_leaves_per_layer "
+                  "eagle3_layers_to_capture eagle3_model_arch",
+            NGram="max_matching_ngram_size is_keep_all is_use_oldest is_public_pool",
+            Draft_Target="",
+            MTP="use_relaxed_acceptance_for_thinking relaxed_topk relaxed_delta use_mtp_vanilla use_dynamic_tree "
+                "dynamic_tree_max_topK sa_config num_nextn_predict_layers begin_thinking_phase_token "
+                "end_thinking_phase_token"),
+        guided_decoding_backends=_names("xgrammar llguidance")),
 }
 
 """Every release the HF-checkpoint path supports, oldest first: 1.2.1 (the Triton containers 26.04-26.07) and the

@@ -14,7 +14,7 @@ from builders.preflight import check, make_plan
 from builders.spec import load_spec
 from plugins.errors import SpecError
 from plugins.targets import get_target
-from tests.conftest import REPO, hf_config
+from tests.conftest import REPO, hf_config, smollm2_tokenizer_dir
 
 FACTS = {v: json.loads((REPO / "tests" / "facts" / d / "llm_args.json").read_text())
          for v, d in (("1.2.1", "trtllm_1_2_1"), ("1.4", "trtllm_1_4"))}
@@ -118,3 +118,157 @@ def test_kv_cache_reuse_follows_the_llm_api_default_unless_the_spec_says(tmp_pat
     p.write_text(f"name: b\nmodel: {{source: {tmp_path}}}\nruntime: trtllm-llmapi\nserving: {{enable_kv_cache_reuse: "
                  "false}\ntargets: {h100: {}}\n")
     assert llm_api_options(load_spec(p, "h100"))["kv_cache_config"]["enable_block_reuse"] is False
+
+
+# --- speculative decoding, guided decoding, host KV offload ---------------------------------------------------
+
+EAGLE3_DRAFT = {  # the shape of an EAGLE-3 head for Llama-3.1-8B (one decoder layer, a 32000-token draft vocabulary)
+    "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 1,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 14336,
+    "vocab_size": 128256, "draft_vocab_size": 32000, "tie_word_embeddings": False, "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 131072, "rope_theta": 500000.0}
+
+
+def _served(tmp_path, serving: str, runtime: str = "trtllm-llmapi", name: str = "b.yaml", more: str = ""):
+    p = tmp_path / name
+    p.write_text(f"name: b\nmodel: {{source: {tmp_path / 'absent'}}}\nruntime: {runtime}\ndtype: bfloat16\n"
+                 f"quantization: {{quant_algo: fp8}}\n{more}serving:\n{serving}\ntargets: {{h100: {{}}}}\n")
+    return load_spec(p, "h100")
+
+
+def _problems(build, cfg=None):
+    with pytest.raises(SpecError) as err:
+        make_plan(build, get_target("h100"), cfg or hf_config("llama-3.1-8b"))
+    return {p.code: p for p in err.value.problems}
+
+
+def _spec_fields(facts: dict, decoding_type: str) -> set:
+    """speculative_config keys a release's facts allow for one decoding_type (base fields, aliases, own fields)."""
+    spec = facts["speculative"]
+    base = spec["DecodingBaseConfig"]["fields"]
+    keys = set(base) | {a for f in base.values() for a in f.get("aliases", [])} | {"decoding_type"}
+    entry = next(e for e in spec.values() if isinstance(e, dict) and e.get("decoding_type") == decoding_type)
+    own = set(entry["fields"]) - {"<all EagleDecodingConfig fields>"}
+    if "<all EagleDecodingConfig fields>" in entry["fields"]:
+        own |= set(spec["EagleDecodingConfig"]["fields"])
+    return keys | own
+
+
+@pytest.mark.parametrize("mode,draft", [("eagle3", "/models/eagle3-llama3.1-8b"), ("draft_target", "/models/llama-1b"),
+                                        ("ngram", None)])
+def test_speculative_config_is_spelt_for_each_release(tmp_path, mode, draft):
+    line = f"    draft_model: {draft}\n" if draft else ""
+    build = _served(tmp_path, f"  speculative_decoding:\n    mode: {mode}\n    max_draft_len: 4\n{line}")
+    expected = {"eagle3": {"1.2.1": "Eagle", "1.4": "Eagle3"}, "draft_target": {"1.2.1": "DraftTarget",
+                "1.4": "Draft_Target"}, "ngram": {"1.2.1": "NGram", "1.4": "NGram"}}[mode]
+    for release, facts in FACTS.items():
+        spec = llm_api_options(build, release=release)["speculative_config"]
+        assert spec["decoding_type"] == expected[release] and spec["max_draft_len"] == 4
+        # each key is one the release's recorded DecodingBaseConfig subclass has
+        assert set(spec) <= _spec_fields(facts, spec["decoding_type"]), (release, spec)
+        assert option_problems(llm_api_options(build, release=release), releases=[release]) == []
+        if draft:  # the draft's key: speculative_model_dir in 1.2.1, speculative_model (its new name) in 1.4
+            assert spec["speculative_model_dir" if release == "1.2.1" else "speculative_model"] == draft
+    if mode == "draft_target":  # 1.2.1's spelling is refused by 1.4, naming it
+        old = llm_api_options(build, release="1.2.1")
+        bad = option_problems(old, releases=["1.4"])
+        assert [p.field for p in bad] == ["serving.llm_api_options.speculative_config.decoding_type"]
+        assert "1.4" in bad[0].rule and "Draft_Target" in bad[0].rule
+    check(build, get_target("h100"))  # the spec's own rules pass
+
+
+def test_one_options_file_unless_a_release_spells_it_differently(tmp_path):
+    from builders.llmapi_options import options_files
+
+    ngram = _served(tmp_path, "  speculative_decoding: {mode: ngram}\n  guided_decoding_backend: xgrammar\n")
+    files = options_files(ngram)
+    assert list(files) == ["llm_api_options.yaml"] and "TensorRT-LLM 1.2.1, 1.4" in files["llm_api_options.yaml"]
+    assert yaml.safe_load(files["llm_api_options.yaml"])["guided_decoding_backend"] == "xgrammar"
+    eagle = _served(tmp_path, "  speculative_decoding: {mode: eagle3, draft_model: /d}\n", name="e.yaml")
+    files = options_files(eagle)
+    assert list(files) == ["llm_api_options.yaml", "llm_api_options-1.4.yaml"]
+    assert yaml.safe_load(files["llm_api_options-1.4.yaml"])["speculative_config"]["decoding_type"] == "Eagle3"
+
+
+def test_speculative_rules(tmp_path):
+    no_draft = _problems(_served(tmp_path, "  speculative_decoding: {mode: eagle3}\n"))
+    assert no_draft["speculative_draft"].field == "serving.speculative_decoding.draft_model"
+    ngram_draft = _problems(_served(tmp_path, "  speculative_decoding: {mode: ngram, draft_model: /d}\n", name="n.yaml"))
+    assert "takes no draft model" in ngram_draft["speculative_draft"].rule
+    mtp = _problems(_served(tmp_path, "  speculative_decoding: {mode: mtp}\n", name="m.yaml"))
+    assert "no MTP layers" in mtp["speculative_mtp"].rule
+    assert "speculative_mtp" not in _codes_of(tmp_path, "  speculative_decoding: {mode: mtp}\n",
+                                              {**hf_config("llama-3.1-8b"), "num_nextn_predict_layers": 1})
+    for runtime in ("pytorch", "trtllm"):
+        p = _problems(_served(tmp_path, "  speculative_decoding: {mode: ngram}\n  guided_decoding_backend: xgrammar\n",
+                              runtime=runtime, name=f"{runtime}.yaml"))
+        assert p["llmapi_feature"].field in ("serving.speculative_decoding", "serving.guided_decoding_backend")
+    host = _problems(_served(tmp_path, "  kv_cache_host_memory_bytes: 1000000\n", runtime="pytorch", name="h.yaml"))
+    assert host["kv_host_cache_runtime"].value == 1000000
+
+
+def _codes_of(tmp_path, serving, cfg):
+    try:
+        make_plan(_served(tmp_path, serving, name="c.yaml"), get_target("h100"), cfg)
+    except SpecError as err:
+        return {p.code for p in err.problems}
+    return set()
+
+
+def test_draft_target_needs_the_same_vocabulary(tmp_path):
+    small = {**hf_config("llama-3.2-1b")}
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text(json.dumps({**small, "vocab_size": 32000}))
+    build = _served(tmp_path, f"  speculative_decoding: {{mode: draft_target, draft_model: {tmp_path / 'draft'}}}\n")
+    assert "vocab_size 32000 differs" in _problems(build)["speculative_vocab"].rule
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(small))
+    plan = make_plan(build, get_target("h100"), hf_config("llama-3.1-8b"))
+    assert plan.speculative.draft_source.endswith("config.json") and plan.speculative.draft_weights_bytes > 2e9
+
+
+def test_the_plan_counts_the_eagle3_draft(tmp_path):
+    (tmp_path / "eagle3.json").write_text(json.dumps(EAGLE3_DRAFT))
+    base = make_plan(_served(tmp_path, "  streaming: true\n", name="base.yaml"), get_target("h100"),
+                     hf_config("llama-3.1-8b"))
+    build = _served(tmp_path, "  speculative_decoding:\n    mode: eagle3\n    draft_model: /gpu-host/eagle3\n"
+                              f"    draft_hf_config: {tmp_path / 'eagle3.json'}\n")
+    plan = make_plan(build, get_target("h100"), hf_config("llama-3.1-8b"))
+    h, kv, inter, dv = 4096, 8 * 128, 14336, 32000
+    layer = 2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h  # q, o; k, v; gate, up, down; two norms
+    draft = 2 * (layer + h + 2 * dv * h + 3 * h * h)  # + final norm, embedding and lm_head, the 3-tap fc; bf16
+    sp = plan.speculative
+    assert (sp.mode, sp.tokens_per_step, sp.draft_weights_bytes) == ("eagle3", 4, draft)
+    assert sp.draft_kv_bytes_per_token == 2 * 1 * 8 * 128 * 2  # K and V of its one layer, bf16
+    assert plan.memory.kv.bytes_per_token == base.memory.kv.bytes_per_token + sp.draft_kv_bytes_per_token
+    assert plan.memory.free_bytes_after_weights_and_activations == \
+        base.memory.free_bytes_after_weights_and_activations - draft
+    assert plan.memory.total_bytes >= base.memory.total_bytes - 2**20
+
+
+def test_unreadable_draft_is_a_warning_and_big_batches_ask_for_max_concurrency(tmp_path):
+    build = _served(tmp_path, "  speculative_decoding: {mode: eagle3, draft_model: /gpu-host/eagle3}\n",
+                    more="limits: {max_batch_size: 64, max_num_tokens: 128, max_input_len: 64}\n")
+    plan = make_plan(build, get_target("h100"), hf_config("llama-3.1-8b"))
+    assert plan.speculative.draft_weights_bytes == 0
+    assert any(w.startswith("draft memory not counted") for w in plan.warnings)
+    assert any("max_concurrency" in w for w in plan.warnings)  # max_batch_size 64 > 16
+    # 64 requests x (1 + 3 draft tokens) = 256 > max_num_tokens 128: at most 32 requests a step
+    assert any("runs at most 32 of max_batch_size 64" in w for w in plan.warnings)
+    small = _served(tmp_path, "  speculative_decoding: {mode: ngram, max_concurrency: 8}\n", name="s.yaml",
+                    more="limits: {max_batch_size: 64, max_num_tokens: 256, max_input_len: 64}\n")
+    assert not [w for w in make_plan(small, get_target("h100"), hf_config("llama-3.1-8b")).warnings
+                if "speculative" in w or "draft" in w]
+
+
+def test_host_kv_cache_reaches_both_tensorrt_llm_runtimes(tmp_path):
+    from model_repo.generate import plan_repository
+
+    build = _served(tmp_path, "  kv_cache_host_memory_bytes: 8000000000\n")
+    assert llm_api_options(build)["kv_cache_config"]["host_cache_size"] == 8_000_000_000
+    assert option_problems(llm_api_options(build)) == []
+    engine = _served(tmp_path, "  kv_cache_host_memory_bytes: 8000000000\n", runtime="trtllm", name="t.yaml")
+    plan = make_plan(engine, get_target("h100"), hf_config("llama-3.1-8b"))
+    repo = plan_repository(engine, get_target("h100"), plan, tmp_path / "engine", engine_built=False,
+                           tokenizer_dir=smollm2_tokenizer_dir())
+    llm = next(m for m in repo.models if m.name == "tensorrt_llm")
+    assert llm.values["kv_cache_host_memory_bytes"] == "8000000000"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
+import types
 
 import pytest
 
@@ -26,7 +27,7 @@ rp = load_template_module("tensorrt_llm_llmapi/1/request_params.py", "llmapi_req
 FIELDS = {"end_id", "pad_id", "max_tokens", "stop", "stop_token_ids", "bad", "bad_token_ids", "n", "best_of",
           "use_beam_search", "top_k", "top_p", "seed", "temperature", "min_tokens", "repetition_penalty",
           "presence_penalty", "frequency_penalty", "logprobs", "return_context_logits",
-          "return_generation_logits"}
+          "return_generation_logits", "return_perf_metrics"}
 
 
 def opts(max_new_tokens=16, **inputs):
@@ -208,6 +209,15 @@ class _Out:
         self.outputs, self.finished = outputs, finished
 
 
+# tensorrt_llm RequestPerfMetrics as the LLM API attaches it (attribute names: TensorRT-LLM tests/unittest/llmapi
+# test_llm.py test_llm_perf_metrics and the executor binding test of speculative_decoding; values made up).
+PERF_METRICS = types.SimpleNamespace(
+    kv_cache_metrics=types.SimpleNamespace(num_new_allocated_blocks=2, num_reused_blocks=5,
+                                           num_total_allocated_blocks=7),
+    speculative_decoding=types.SimpleNamespace(acceptance_rate=0.75, total_accepted_draft_tokens=6,
+                                               total_draft_tokens=8))
+
+
 class _FakeLLM:
     """generate_async streams 3 tokens per sequence (100 + 10 * index + step) with log prob -step/10."""
 
@@ -226,6 +236,8 @@ class _FakeLLM:
                     s.token_ids.append(100 + 10 * s.index + step)
                     s.logprobs.append({s.token_ids[-1]: _Logprob(-step / 10)})
                     s.cumulative_logprob += -step / 10
+                    if sampling_params.get("return_perf_metrics"):  # CompletionOutput.request_perf_metrics
+                        s.request_perf_metrics = PERF_METRICS
                 yield _Out(seqs, finished=step == 2)
         return gen()
 
@@ -339,6 +351,12 @@ def test_model_leads_a_non_streaming_answer_with_the_prompt_and_sends_perf_in_ba
                                                     "first_token_time_ns", "acceptance_rate", "total_draft_tokens")}
     assert dtypes == {"kv_cache_alloc_new_blocks": "int32", "kv_cache_alloc_total_blocks": "int32",
                       "first_token_time_ns": "int64", "acceptance_rate": "float32", "total_draft_tokens": "int32"}
+    assert llmapi_model.llm.calls[0][1]["return_perf_metrics"] is True  # asked of the LLM API
+    passed = {name: t[name].reshape(-1)[0].item() for name in (
+        "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "acceptance_rate",
+        "total_accepted_draft_tokens", "total_draft_tokens")}
+    assert passed == {"kv_cache_alloc_new_blocks": 2, "kv_cache_reused_blocks": 5, "kv_cache_alloc_total_blocks": 7,
+                      "acceptance_rate": 0.75, "total_accepted_draft_tokens": 6, "total_draft_tokens": 8}
     excluded = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8],
                         exclude_input_in_output=[True])
     assert [int(x) for x in _run(llmapi_model, excluded)[0][0].tensors["output_ids"].reshape(-1)] == [100, 101, 102]
@@ -357,3 +375,14 @@ def test_model_reads_the_backends_words_layout(llmapi_model):
     params = llmapi_model.llm.calls[0][1]
     assert params["stop"] == ["five six"] and params["stop_token_ids"] == [7, 9]  # [[5, 6], [7], [9]]
     assert params["bad_token_ids"] == [8]
+
+
+def test_the_model_picks_the_options_file_of_its_release(llmapi_model, tmp_path):
+    """llm_api_options-<release>.yaml where the generator wrote one (a release spelling an option differently) for
+    that release and later ones; llm_api_options.yaml (the oldest release's) otherwise."""
+    pick_file = type(llmapi_model).execute.__globals__["_options_file"]
+    for name in ("llm_api_options.yaml", "llm_api_options-1.4.yaml"):
+        (tmp_path / name).write_text("{}\n")
+    pick = {v: pick_file(str(tmp_path), v).rsplit("/", 1)[1] for v in ("1.2.1", "1.3.0rc9", "1.4.0rc4", "1.5.0")}
+    assert pick == {"1.2.1": "llm_api_options.yaml", "1.3.0rc9": "llm_api_options.yaml",
+                    "1.4.0rc4": "llm_api_options-1.4.yaml", "1.5.0": "llm_api_options-1.4.yaml"}

@@ -130,3 +130,18 @@ def test_llm_api_arg_sets_are_the_recorded_facts():
         assert args.nested["cuda_graph_config"] == set(facts["cuda_graph_config"]) - {"class", "encode_fields",
                                                                                       "rules"}, version
         assert facts["source"]["commit_llm_args"].startswith(args.source.split("@")[1].split()[0]), version
+        assert args.guided_decoding_backends == set(facts["guided_decoding_backends"]), version
+        # speculative_config: the base class's fields (and their aliases) + each subclass's own, per decoding_type
+        spec = facts["speculative"]
+        base = spec["DecodingBaseConfig"]["fields"]
+        base_keys = set(base) | {a for f in base.values() for a in f.get("aliases", [])} | {"decoding_type"}
+        found = set()
+        for entry in spec.values():
+            if not isinstance(entry, dict) or entry.get("decoding_type") not in args.speculative:
+                continue
+            own = set(entry["fields"])
+            if "<all EagleDecodingConfig fields>" in own:
+                own = own - {"<all EagleDecodingConfig fields>"} | set(spec["EagleDecodingConfig"]["fields"])
+            assert args.speculative[entry["decoding_type"]] == base_keys | own, (version, entry["decoding_type"])
+            found.add(entry["decoding_type"])
+        assert found == set(args.speculative), version

@@ -41,10 +41,41 @@ def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, pe
         shape = (1, -1, arr.shape[-1]) if name == "context_logits" else (1, 1, -1, arr.shape[-1])
         out.append(pb_utils.Tensor(name, np.asarray(arr, dtype=np.float32).reshape(shape)))
     if perf:
-        out += _perf_tensors(dtypes, {**perf, "kv_cache_alloc_new_blocks": 0, "kv_cache_reused_blocks": 0,
-                                      "kv_cache_alloc_total_blocks": 0, "acceptance_rate": 0.0,
-                                      "total_accepted_draft_tokens": 0, "total_draft_tokens": 0})
+        out += _perf_tensors(dtypes, perf)
     return pb_utils.InferenceResponse(output_tensors=out)
+
+
+def _perf_values(times, metrics):
+    """The perf outputs: this model's wall-clock times (ns since the epoch) and, from the LLM API's
+    ``CompletionOutput.request_perf_metrics`` (SamplingParams.return_perf_metrics), the KV-cache block counts and
+    the speculative-decoding acceptance (zeros when the LLM returned none)."""
+    kv = getattr(metrics, "kv_cache_metrics", None)
+    spec = getattr(metrics, "speculative_decoding", None)
+    return {**times,
+            "kv_cache_alloc_new_blocks": int(getattr(kv, "num_new_allocated_blocks", 0) or 0),
+            "kv_cache_reused_blocks": int(getattr(kv, "num_reused_blocks", 0) or 0),
+            "kv_cache_alloc_total_blocks": int(getattr(kv, "num_total_allocated_blocks", 0) or 0),
+            "acceptance_rate": float(getattr(spec, "acceptance_rate", 0.0) or 0.0),
+            "total_accepted_draft_tokens": int(getattr(spec, "total_accepted_draft_tokens", 0) or 0),
+            "total_draft_tokens": int(getattr(spec, "total_draft_tokens", 0) or 0)}
+
+
+def _release(text):
+    """(major, minor) of a version string: "1.4.0rc4" -> (1, 4)."""
+    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in text.split(".")[:2]]
+    return tuple(parts + [0] * (2 - len(parts)))
+
+
+def _options_file(folder, version):
+    """llm_api_options-<release>.yaml of the newest release not newer than ``version``, else llm_api_options.yaml
+    (the generator writes a per-release file only where a release spells an option differently)."""
+    best, path = None, _os.path.join(folder, "llm_api_options.yaml")
+    for name in sorted(_os.listdir(folder)):
+        if name.startswith("llm_api_options-") and name.endswith(".yaml"):
+            release = _release(name[len("llm_api_options-"):-len(".yaml")])
+            if release <= _release(version) and (best is None or release > best):
+                best, path = release, _os.path.join(folder, name)
+    return path
 
 
 def _array(value):
@@ -80,10 +111,13 @@ class TritonPythonModel:
         with open(_os.path.join(_param(cfg, "gpt_model_path"), "config.json")) as fh:  # the HF checkpoint's
             self.vocab_size = int(json.load(fh).get("vocab_size") or 0) or None
         # The LLM-API options the generator wrote beside this file (trtllm-serve reads the same file): parallel
-        # sizes, limits, kv_cache_config, scheduler_config, cuda_graph_config, chunked prefill.
+        # sizes, limits, kv_cache_config, scheduler_config, cuda_graph_config, chunked prefill, speculative_config.
+        import tensorrt_llm
         import yaml
 
-        with open(_os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "llm_api_options.yaml")) as fh:
+        path = _options_file(_os.path.dirname(_os.path.abspath(__file__)), tensorrt_llm.__version__)
+        pb_utils.Logger.log_info(f"TensorRT-LLM {tensorrt_llm.__version__}: LLM-API options from {path}")
+        with open(path) as fh:
             options = yaml.safe_load(fh) or {}
         self.llm = LLM(model=_param(cfg, "gpt_model_path"), **options)
         self.loop = asyncio.new_event_loop()
@@ -119,8 +153,10 @@ class TritonPythonModel:
                     import torch
 
                     sampling["embedding_bias"] = torch.tensor(opts.embedding_bias, dtype=torch.float32)
-                params = self.SamplingParams(**sampling)
                 perf = bool(_opt_scalar(request, "return_perf_metrics", False))
+                if perf:  # the LLM attaches request_perf_metrics (KV blocks, draft acceptance) to each output
+                    sampling["return_perf_metrics"] = True
+                params = self.SamplingParams(**sampling)
             except Exception as exc:  # a bad request fails alone
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
                 continue
@@ -141,6 +177,7 @@ class TritonPythonModel:
         tokens, lps, sent = [[] for _ in range(n)], [[] for _ in range(n)], [0] * n
         cum = [0.0] * n
         gen_logits, ctx_logits = [None] * n, None
+        metrics = [None] * n
 
         def send(i, final, flags=0):
             chunk = tokens[i][sent[i]:]
@@ -153,8 +190,8 @@ class TritonPythonModel:
                 logits["context_logits"] = ctx_logits
             if opts.generation_logits and gen_logits[i] is not None:
                 logits["generation_logits"] = gen_logits[i][sent[i]:len(tokens[i])]
-            sender.send(_response(self.output_dtypes, chunk, i, chunk_lps, cum[i], times if perf and final else None,
-                                  logits), flags=flags)
+            sender.send(_response(self.output_dtypes, chunk, i, chunk_lps, cum[i],
+                                  _perf_values(times, metrics[i]) if perf and final else None, logits), flags=flags)
             sent[i] = len(tokens[i])
 
         try:
@@ -176,6 +213,7 @@ class TritonPythonModel:
                     if opts.return_log_probs:
                         lps[i] = request_params.sampled_log_probs(seq.logprobs, tokens[i])
                         cum[i] = float(getattr(seq, "cumulative_logprob", None) or sum(lps[i]))
+                    metrics[i] = getattr(seq, "request_perf_metrics", None) or metrics[i]
                     if opts.generation_logits:  # CompletionOutput.generation_logits: [tokens so far, vocab]
                         gen_logits[i] = _array(getattr(seq, "generation_logits", None))
                     if new and not times["first_token_time_ns"]:
