@@ -19,6 +19,12 @@ repository works unchanged wherever the folder was copied to on the host. What r
   ``build_and_serve.sh``, which builds the engine in the container on first start and serves it
   (the mount is writable for that).
 
+A trtllm-llmapi build also gets the ``trtllm-serve`` alternative (TensorRT-LLM's OpenAI-compatible server
+on the same checkpoint and LLM-API options): ``docker-compose.trtllm-serve.yaml``,
+``k8s/trtllm-serve/{deployment,service}.yaml`` (a folder of its own, so ``kubectl apply -f k8s/``, which
+does not recurse, starts Triton only), ``trtllm-serve.sh``; and upstream's Triton LLM-API model layout
+``llmapi/tensorrt_llm/{config.pbtxt,1/model.yaml}`` (model_repo.upstream_llmapi).
+
 The image is the NVIDIA Triton TensorRT-LLM container matching the pinned TensorRT-LLM
 (:data:`TRITON_TRTLLM_IMAGES`, from NVIDIA's Triton release compatibility matrix). The portable
 ``pytorch`` runtime needs the project's own Python stack (transformers 5.24, numpy < 2), which no
@@ -37,6 +43,7 @@ import yaml
 from builders.engine_trtllm import TRTLLM_VERSION
 from builders.layout import build_dir
 from model_repo.bundle import SCRIPT_NAME
+from model_repo.upstream_llmapi import config_pbtxt
 from plugins.runtimes import Runtime, leader_mode_argv
 
 # TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag: the "Container Name: trtllm-python-py3"
@@ -96,6 +103,9 @@ class DeploymentPlan:
     environment: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
     trtllm_serve: list[str] = field(default_factory=list)
+    later_options: dict = field(default_factory=dict)
+    """Release -> options file for the later TensorRT-LLM releases that spell an option differently
+    (builders.llmapi_options.options_files; empty when one file serves every release)."""
     """The ``trtllm-serve`` alternative to ``command`` (runtime trtllm-llmapi; empty for the others)."""
     upstream_model_yaml: dict = field(default_factory=dict)
     """``model.yaml`` for upstream's Triton LLM-API model (runtime trtllm-llmapi): the LLM-API options with ``model``,
@@ -168,26 +178,51 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
                                       "decoupled": build.decoupled}}
         reasons["trtllm_serve"] = ("trtllm-serve.sh: TensorRT-LLM's OpenAI server on the same checkpoint and LLM-API "
                                    "options as the Triton model")
+    later = {}
+    if serve:
+        from builders.llmapi_options import RELEASES, options_file, options_files
+
+        names = options_files(build)
+        later = {r: f"{mount}/{TRTLLM_SERVE_OPTIONS_FILE.rsplit('/', 1)[0]}/{options_file(r)}"
+                 for r in RELEASES[1:] if options_file(r) in names}
     return DeploymentPlan(build.name, s.runtime, runtime_image(rt), world, per_node, nodes, gpu,
                           sv.http_port, sv.grpc_port, sv.metrics_port, mount, served_from == "bundle",
-                          served_from, cmd, env, reasons, serve, upstream)
+                          served_from, cmd, env, reasons, trtllm_serve=serve, upstream_model_yaml=upstream,
+                          later_options=later)
 
 
 TRTLLM_SERVE_OPTIONS_FILE = "model_repo/tensorrt_llm/1/llm_api_options.yaml"
 """The LLM-API options file both the Triton LLM-API model and ``trtllm-serve`` read (builders.llmapi_options)."""
 
 
-def trtllm_serve_argv(build, mount: str, host: str = "0.0.0.0") -> list[str]:
+def trtllm_serve_argv(build, mount: str, host: str = "0.0.0.0", port: int | None = None,
+                      config: str | None = None) -> list[str]:
     """``trtllm-serve serve <checkpoint> --host --port --config <options YAML>``: the OpenAI-compatible server of
     TensorRT-LLM over the build's unified HF checkpoint (the engine folder), with the options the Triton model uses.
+    The one source of the command: the deployment files, ``trtllm-serve.sh`` and ``trtpipe serve --server
+    trtllm-serve`` (pipeline.serve) all take it from here.
+
+    Args:
+        mount: the build folder (its absolute path at build time in the deployment files).
+        host: the listen address.
+        port: the HTTP port (default ``serving.http_port``).
+        config: the options file (default ``<mount>/model_repo/tensorrt_llm/1/llm_api_options.yaml``).
 
     Options as ``tensorrt_llm/commands/serve.py`` of 1.2.1 and 1.4 both take them (``--config`` is the options file,
     ``--extra_llm_api_options`` its older alias; the PyTorch backend is the default of both):
     tests/facts/trtllm_1_2_1/llm_args.json and tests/facts/trtllm_1_4/llm_args.json ``trtllm_serve``.
-    Health: ``GET /health``; OpenAI API under ``/v1``.
+    Health: ``GET /health`` (200 when ready); OpenAI API under ``/v1``.
     """
-    return ["trtllm-serve", "serve", f"{mount}/engine", "--host", host, "--port", str(build.settings.serving.http_port),
-            "--config", f"{mount}/{TRTLLM_SERVE_OPTIONS_FILE}"]
+    port = build.settings.serving.http_port if port is None else port
+    return ["trtllm-serve", "serve", f"{mount}/engine", "--host", host, "--port", str(port),
+            "--config", config or f"{mount}/{TRTLLM_SERVE_OPTIONS_FILE}"]
+
+
+TRTLLM_SERVE_HEALTH = "/health"
+"""trtllm-serve's readiness route (200 once the model is loaded): ``trtllm_serve.health_path`` of
+tests/facts/trtllm_1_2_1/llm_args.json and tests/facts/trtllm_1_4/llm_args.json (``serve/openai_server.py``)."""
+TRTLLM_SERVE_NAME = "trtllm-serve"
+"""The compose service, container and Kubernetes name suffix of the trtllm-serve files."""
 
 
 def _shell(command: list[str]) -> list[str]:
@@ -213,9 +248,35 @@ def compose(plan: DeploymentPlan) -> dict:
     if plan.environment:
         svc["environment"] = dict(plan.environment)
     if plan.gpu:
-        svc["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "count": plan.gpus_per_node, "capabilities": ["gpu"]}]}}}
+        svc["deploy"] = _gpu_reservation(plan)
     return {"name": plan.name, "services": {"triton": svc}}
+
+
+def _gpu_reservation(plan: DeploymentPlan) -> dict:
+    return {"resources": {"reservations": {"devices": [
+        {"driver": "nvidia", "count": plan.gpus_per_node, "capabilities": ["gpu"]}]}}}
+
+
+def compose_trtllm_serve(plan: DeploymentPlan) -> dict:
+    """docker-compose.trtllm-serve.yaml: ``plan.trtllm_serve`` (host 0.0.0.0) in the same image, mount and GPUs as
+    the Triton file, one HTTP port (``serving.http_port``) on the host's 127.0.0.1, healthy when ``GET /health``
+    answers 200. A project of its own (``<name>-trtllm-serve``); it and docker-compose.yaml use the same port, so one
+    runs at a time. Raises ValueError for a plan without trtllm-serve (runtime other than trtllm-llmapi)."""
+    if not plan.trtllm_serve:
+        raise ValueError(f"runtime {plan.runtime}: no trtllm-serve command (trtllm-llmapi builds only)")
+    svc = {
+        "image": plan.image,
+        "command": _shell(plan.trtllm_serve),
+        "shm_size": SHM_SIZE,
+        "ulimits": {"memlock": -1, "stack": 67108864},
+        "volumes": [f"..:{plan.mount}:ro"],
+        "ports": [f"127.0.0.1:{plan.http_port}:{plan.http_port}"],
+        "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://localhost:{plan.http_port}{TRTLLM_SERVE_HEALTH}"],
+                        "interval": "10s", "timeout": "5s", "retries": 60, "start_period": "60s"},
+    }
+    if plan.gpu:
+        svc["deploy"] = _gpu_reservation(plan)
+    return {"name": f"{plan.name}-{TRTLLM_SERVE_NAME}", "services": {TRTLLM_SERVE_NAME: svc}}
 
 
 def _container(plan: DeploymentPlan, command: list[str]) -> dict:
@@ -269,46 +330,131 @@ def kubernetes(plan: DeploymentPlan) -> list[dict]:
     return [lws, service]
 
 
-def render_deployment(plan: DeploymentPlan) -> dict[str, str]:
-    """``{relative path: text}`` of every deployment file (docker-compose.yaml, k8s/<kind>.yaml)."""
-    head = (f"# Generated by trtpipe for {plan.name} ({plan.runtime} runtime, world_size {plan.world_size}, "
-            f"serving {plan.served_from}/).\n"
+def kubernetes_trtllm_serve(plan: DeploymentPlan) -> list[dict]:
+    """Kubernetes objects for trtllm-serve: a Deployment (one pod, tp x pp GPUs; the llmapi runtime is one node)
+    and a Service on ``serving.http_port``, probes on ``GET /health``. Named and labelled ``<name>-trtllm-serve``, so
+    the Triton Service's selector does not pick its pod. Raises ValueError as :func:`compose_trtllm_serve`."""
+    if not plan.trtllm_serve:
+        raise ValueError(f"runtime {plan.runtime}: no trtllm-serve command (trtllm-llmapi builds only)")
+    name = f"{plan.name}-{TRTLLM_SERVE_NAME}"
+    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "trtpipe"}
+
+    def probe(period: int, **more) -> dict:
+        return {"httpGet": {"path": TRTLLM_SERVE_HEALTH, "port": plan.http_port}, "periodSeconds": period, **more}
+
+    c = {"name": TRTLLM_SERVE_NAME, "image": plan.image, "command": _shell(plan.trtllm_serve),
+         "ports": [{"name": "http", "containerPort": plan.http_port}],
+         "readinessProbe": probe(10, failureThreshold=3), "startupProbe": probe(10, failureThreshold=90),
+         "livenessProbe": probe(15),
+         "volumeMounts": [{"name": "build", "mountPath": plan.mount, "readOnly": True},
+                          {"name": "dshm", "mountPath": "/dev/shm"}]}
+    if plan.gpu:
+        c["resources"] = {"limits": {"nvidia.com/gpu": plan.gpus_per_node}}
+    pod = {"metadata": {"labels": labels}, "spec": {"containers": [c], "volumes": _volumes()}}
+    dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "labels": labels},
+           "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": pod}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "labels": labels},
+               "spec": {"selector": labels, "ports": [{"name": "http", "port": plan.http_port,
+                                                       "targetPort": plan.http_port}]}}
+    return [dep, service]
+
+
+def _head(plan: DeploymentPlan, serving: str) -> str:
+    return (f"# Generated by trtpipe for {plan.name} ({plan.runtime} runtime, world_size {plan.world_size}, "
+            f"serving {serving}).\n"
             f"# The build folder is mounted at {plan.mount} (its path at build time); see docs/deploy.md.\n")
+
+
+def render_deployment(plan: DeploymentPlan) -> dict[str, str]:
+    """``{relative path: text}`` of every deployment file: docker-compose.yaml, k8s/<kind>.yaml; for trtllm-llmapi
+    also README.md, docker-compose.trtllm-serve.yaml, k8s/trtllm-serve/<kind>.yaml, llmapi/tensorrt_llm/config.pbtxt
+    and 1/model.yaml, trtllm-serve.sh."""
+    head = _head(plan, f"{plan.served_from}/")
     files = {"docker-compose.yaml": head + yaml.safe_dump(compose(plan), sort_keys=False)}
     for obj in kubernetes(plan):
         files[f"k8s/{obj['kind'].lower()}.yaml"] = head + yaml.safe_dump(obj, sort_keys=False)
-    if plan.trtllm_serve:
-        files["README.md"] = _llmapi_readme(plan)
-        if plan.upstream_model_yaml:
-            files["llmapi/tensorrt_llm/1/model.yaml"] = (
-                "# For upstream's Triton LLM-API model (TensorRT-LLM triton_backend/all_models/llmapi, see README.md): "
-                "its model.py passes\n# every key but triton_config to tensorrt_llm.LLM. Generated by trtpipe.\n"
-                + yaml.safe_dump(plan.upstream_model_yaml, sort_keys=False))
-        files["trtllm-serve.sh"] = (
-            "#!/usr/bin/env bash\n# The same build served by TensorRT-LLM's OpenAI-compatible server instead of Triton "
-            f"(TensorRT-LLM 1.2.1 or later, in {plan.image}).\n# Ready when GET /health answers 200; "
-            "the OpenAI API is under /v1.\nset -euo pipefail\nexec " + " ".join(shlex.quote(a) for a in plan.trtllm_serve)
-            + "\n")
+    if not plan.trtllm_serve:
+        return files
+    files["README.md"] = _llmapi_readme(plan)
+    head = _head(plan, f"engine/ with {TRTLLM_SERVE_NAME}, the alternative to Triton: README.md")
+    files[f"docker-compose.{TRTLLM_SERVE_NAME}.yaml"] = head + yaml.safe_dump(compose_trtllm_serve(plan),
+                                                                             sort_keys=False)
+    for obj in kubernetes_trtllm_serve(plan):
+        files[f"k8s/{TRTLLM_SERVE_NAME}/{obj['kind'].lower()}.yaml"] = head + yaml.safe_dump(obj, sort_keys=False)
+    if plan.upstream_model_yaml:
+        files["llmapi/tensorrt_llm/config.pbtxt"] = config_pbtxt()
+        files["llmapi/tensorrt_llm/1/model.yaml"] = (
+            "# For upstream's Triton LLM-API model (TensorRT-LLM triton_backend/all_models/llmapi, see README.md): "
+            "its model.py passes\n# every key but triton_config to tensorrt_llm.LLM. Generated by trtpipe.\n"
+            + yaml.safe_dump(plan.upstream_model_yaml, sort_keys=False))
+    files["trtllm-serve.sh"] = _trtllm_serve_script(plan)
     return files
 
 
+MIN_LLMAPI_VERSION = (1, 2, 1)
+"""The oldest TensorRT-LLM the trtllm-llmapi files are written for (plugins.runtimes: ``tensorrt_llm_versions``)."""
+
+
+def _trtllm_serve_script(plan: DeploymentPlan) -> str:
+    """trtllm-serve.sh: checks the TensorRT-LLM version the container's python imports (release numbers only, so
+    ``1.3.0rc5`` counts as 1.3.0), then execs ``plan.trtllm_serve``."""
+    least = ".".join(map(str, MIN_LLMAPI_VERSION))
+    return f"""#!/usr/bin/env bash
+# The same build served by TensorRT-LLM's OpenAI-compatible server instead of Triton (TensorRT-LLM {least} or later,
+# in {plan.image}). Ready when GET {TRTLLM_SERVE_HEALTH} answers 200; the OpenAI API is under /v1.
+# PYTHON: the interpreter trtllm-serve runs on (default python3); TRTPIPE_SKIP_VERSION_CHECK=1 skips the check.
+set -euo pipefail
+if [ -z "${{TRTPIPE_SKIP_VERSION_CHECK:-}}" ]; then
+  "${{PYTHON:-python3}}" - <<'PY'
+import re
+import sys
+
+import tensorrt_llm
+
+found = tensorrt_llm.__version__
+if tuple(int(x) for x in re.findall(r"\\d+", found)[:3]) < {MIN_LLMAPI_VERSION!r}:
+    sys.exit(f"TensorRT-LLM {{found}} is older than {least}, the first release this build's LLM-API options are "
+             "checked against: run in {plan.image}")
+PY
+fi
+{_later_options_shell(plan)}exec {" ".join(shlex.quote(a) for a in plan.trtllm_serve[:-1])} "$CONFIG"
+"""
+
+
+def _later_options_shell(plan: DeploymentPlan) -> str:
+    """Shell that sets CONFIG: the default options file, or a later release's where the build wrote one (picked by
+    the installed TensorRT-LLM's major.minor, as the Triton model does)."""
+    text = f"CONFIG={shlex.quote(plan.trtllm_serve[-1])}\n"
+    for release, path in plan.later_options.items():
+        want = tuple(int(x) for x in release.split(".")[:2])
+        text += (f'if "${{PYTHON:-python3}}" -c "import re, sys, tensorrt_llm; sys.exit(tuple(int(x) for x in '
+                 f're.findall(r\'\\d+\', tensorrt_llm.__version__)[:2]) < {want!r})" 2>/dev/null; then\n'
+                 f"  CONFIG={shlex.quote(path)}  # TensorRT-LLM {release} or later spells speculative_config so\n"
+                 "fi\n")
+    return text
+
+
 def _llmapi_readme(plan: DeploymentPlan) -> str:
-    """How to run a trtllm-llmapi build on a GPU host: the Triton command and the trtllm-serve one, exactly."""
+    """How to run a trtllm-llmapi build on a GPU host: the Triton command, the trtllm-serve one and upstream's Triton
+    LLM-API model, exactly, with the files that run each."""
     triton = " ".join(shlex.quote(a) for a in plan.command)
     serve = " ".join(shlex.quote(a) for a in plan.trtllm_serve)
+    least = ".".join(map(str, MIN_LLMAPI_VERSION))
+    ports = f"--http-port={plan.http_port} --grpc-port={plan.grpc_port} --metrics-port={plan.metrics_port}"
     return f"""# Serving {plan.name} ({plan.runtime}) on a GPU host
 
 The build folder (`{plan.mount}`) holds ModelOpt's unified HF checkpoint (`engine/`) and the Triton repository
-(`model_repo/`); the first two ways below read the same LLM-API options file,
-`{plan.mount}/model_repo/tensorrt_llm/1/llm_api_options.yaml`. No engine is built: TensorRT-LLM's PyTorch backend
-loads the checkpoint. It needs TensorRT-LLM 1.2.1 or later; the image the compose and Kubernetes files use:
-`{plan.image}`. Check the version in it first:
+(`model_repo/`); the three ways below read the same LLM-API options, from
+`{plan.mount}/model_repo/tensorrt_llm/1/llm_api_options.yaml` (upstream's model: a copy in its `model.yaml`). No
+engine is built: TensorRT-LLM's PyTorch backend loads the checkpoint. It needs TensorRT-LLM {least} or later; the
+image the compose and Kubernetes files use: `{plan.image}`. Check the version in it first (`trtllm-serve.sh` does):
 
 ```bash
-python3 -c "import tensorrt_llm; print(tensorrt_llm.__version__)"   # 1.2.1 or later
+python3 -c "import tensorrt_llm; print(tensorrt_llm.__version__)"   # {least} or later
 ```
 
-Mount the build folder at the same path inside the container (config.pbtxt names folders by it).
+Mount the build folder at the same path inside the container (config.pbtxt names folders by it). Every way listens
+on HTTP port {plan.http_port}: run one at a time.
 
 ## Triton (gRPC/HTTP, the ensemble with tokenization)
 
@@ -316,8 +462,9 @@ Mount the build folder at the same path inside the container (config.pbtxt names
 {triton}
 ```
 
-Or, from this folder, `docker compose -f docker-compose.yaml up` / `kubectl apply -f k8s/` (same command). Ready when
-`curl -s localhost:{plan.http_port}/v2/health/ready` answers 200.
+Or, from this folder, `docker compose -f docker-compose.yaml up` / `kubectl apply -f k8s/` (same command; kubectl
+does not descend into `k8s/{TRTLLM_SERVE_NAME}/`). Ready when `curl -s localhost:{plan.http_port}/v2/health/ready`
+answers 200.
 
 ## trtllm-serve (OpenAI-compatible API)
 
@@ -325,20 +472,31 @@ Or, from this folder, `docker compose -f docker-compose.yaml up` / `kubectl appl
 {serve}
 ```
 
-Ready when `curl -s localhost:{plan.http_port}/health` answers 200; then
+Or, from this folder, `./trtllm-serve.sh` (the version check, then the same command), `docker compose -f
+docker-compose.{TRTLLM_SERVE_NAME}.yaml up` / `kubectl apply -f k8s/{TRTLLM_SERVE_NAME}/` (Deployment and Service
+`{plan.name}-{TRTLLM_SERVE_NAME}`). Where TensorRT-LLM is installed, `trtpipe serve <build file> --target <target>
+--server trtllm-serve` runs it on 127.0.0.1 and waits for `/health`. Ready when `curl -s
+localhost:{plan.http_port}{TRTLLM_SERVE_HEALTH}` answers 200; then
 `curl localhost:{plan.http_port}/v1/completions -H 'Content-Type: application/json' -d '{{"model": "{plan.mount}/engine", "prompt": "Hello", "max_tokens": 16}}'`.
-The same command is `trtllm-serve.sh` beside this file.
 
 ## Triton with upstream's LLM-API model instead (text in, text out; no ensemble)
 
+`llmapi/` here is upstream's `triton_backend/all_models/llmapi` layout: `tensorrt_llm/config.pbtxt` (upstream's
+inputs and outputs) and `tensorrt_llm/1/model.yaml` (the LLM-API options with `model`, `backend` and
+`triton_config`). Only upstream's Python code is missing: copy `model.py` and `helpers.py` from the TensorRT-LLM
+checkout of the version in the image.
+
 ```bash
-cp -R <TensorRT-LLM checkout at your version>/triton_backend/all_models/llmapi/ llmapi_repo/
-cp {plan.mount}/deploy/llmapi/tensorrt_llm/1/model.yaml llmapi_repo/tensorrt_llm/1/model.yaml
-python3 <TensorRT-LLM checkout>/triton_backend/scripts/launch_triton_server.py --model_repo=llmapi_repo/
-curl -X POST localhost:8000/v2/models/tensorrt_llm/generate -d '{{"text_input": "Hello", "sampling_param_max_tokens": 16}}'
+cp -R {plan.mount}/deploy/llmapi/ llmapi_repo/
+cp <TensorRT-LLM checkout>/triton_backend/all_models/llmapi/tensorrt_llm/1/{{model.py,helpers.py}} llmapi_repo/tensorrt_llm/1/
+tritonserver --model-repository=llmapi_repo/ {ports}
+curl -X POST localhost:{plan.http_port}/v2/models/tensorrt_llm/generate -d '{{"text_input": "Hello", "sampling_param_max_tokens": 16}}'
 ```
 
-`llmapi/tensorrt_llm/1/model.yaml` here is the same LLM-API options with `model`, `backend` and `triton_config`.
+Start tritonserver directly as above: model.py's `auto_complete_config` sets `max_batch_size` and `decoupled` from
+`model.yaml`'s `triton_config` (config.pbtxt leaves them out, as upstream's does), and upstream's
+`scripts/launch_triton_server.py` passes `--disable-auto-complete-config`, which leaves them at 0 and not
+decoupled.
 """
 
 

@@ -206,21 +206,86 @@ def server_config(args, build):
                         python_path=default_sys_path(), launcher=build.runtime.launcher, world_size=build.world_size)
 
 
-def cmd_serve(args) -> int:
-    from pipeline.serve import TritonServer, running_from_state, write_state
+EXIT_NOT_INSTALLED = 3
+"""`serve --server trtllm-serve` where trtllm-serve is not installed: the build checked out, nothing was started."""
 
-    build = _resolve(args)
-    cfg = server_config(args, build)
-    state = _folder(args, build) / "server.json"
+
+def _already_serving(state: Path) -> bool:
+    from pipeline.serve import running_from_state
+
     running = running_from_state(state)
     if running:  # rerunning `make build-engine && make serve && make query` must not fail on busy ports
-        print(f"already serving (pid {running['pid']}, gRPC {running.get('grpc')}, log {running.get('log')}): "
-              "`make stop` (or `trtpipe stop`) first to restart it")
+        where = f"gRPC {running['grpc']}" if "grpc" in running else f"HTTP {running.get('http')}"
+        print(f"already serving: {running.get('server', 'tritonserver')} (pid {running['pid']}, {where}, log "
+              f"{running.get('log')}): `make stop` (or `trtpipe stop`) first to restart it")
+    return bool(running)
+
+
+def cmd_serve(args) -> int:
+    from pipeline.serve import TritonServer, write_state
+
+    build = _resolve(args)
+    if args.server == "trtllm-serve":
+        return _serve_trtllm(args, build)
+    cfg = server_config(args, build)
+    state = _folder(args, build) / "server.json"
+    if _already_serving(state):
         return 0
     server = TritonServer(cfg).start(detach=args.detach)
     write_state(state, server)
     print(f"tritonserver ready on {cfg.address}: HTTP {cfg.http_port}, gRPC {cfg.grpc_port}, "
           f"metrics {cfg.metrics_port} (pid {server.proc.pid}, log {server.log_path})")
+    return _detach_or_wait(args, server, state)
+
+
+def _serve_trtllm(args, build) -> int:
+    """``serve --server trtllm-serve``: check the build, then run trtllm-serve, or say what would run where."""
+    import shlex
+
+    from pipeline.serve import TrtllmServe, trtllm_serve_config, write_state
+
+    extra = [f"{flag} = {v}" for flag, v in (("--grpc-port", args.grpc_port), ("--metrics-port", args.metrics_port))
+             if v]
+    if extra:
+        raise PipelineError(f"{', '.join(extra)}: trtllm-serve has one listener, HTTP (OpenAI API and /health): pass "
+                            "--http-port only, or serve with --server triton")
+    out = _folder(args, build)
+    cfg = trtllm_serve_config(build, out, address=args.address, http_port=args.http_port,
+                              ready_timeout_s=args.timeout, model_repo=args.model_repo)
+    if TrtllmServe.executable() is None:
+        print(f"checked: {cfg.checkpoint}/config.json (the unified HF checkpoint) and {cfg.options_file} (LLM-API "
+              "options TensorRT-LLM 1.2.1 and 1.4 accept)")
+        print(f"on a GPU host with TensorRT-LLM 1.2.1 or later and {cfg.world_size} GPU(s), e.g. in {cfg.image} with "
+              f"{out} at the same path, this runs:\n")
+        print(shlex.join(cfg.argv))
+        compose = out / "deploy" / "docker-compose.trtllm-serve.yaml"
+        if compose.is_file():
+            print(f"\n(or {compose}, {compose.parent / 'k8s' / 'trtllm-serve'}/: the same command on 0.0.0.0 in that "
+                  "image; see deploy/README.md)")
+        else:  # a deploy/ written before these files existed
+            deploy = f"trtpipe deploy {args.build} --target {build.target}{_variant_flags(args)}"
+            print(f"\n(`{deploy}` writes {compose.name} and k8s/trtllm-serve/ into deploy/: the same command on "
+                  "0.0.0.0 in that image)")
+        print("error: trtllm-serve is not on PATH here (TensorRT-LLM is not installed): nothing was started; run the "
+              "command above on a GPU host", file=sys.stderr)
+        return EXIT_NOT_INSTALLED
+    state = out / "server.json"
+    if _already_serving(state):
+        return 0
+    server = TrtllmServe(cfg).start(detach=args.detach)
+    write_state(state, server)
+    print(f"trtllm-serve ready on {cfg.address}:{cfg.http_port}: OpenAI API under /v1, health {cfg.health_url} "
+          f"(pid {server.proc.pid}, log {server.log_path})")
+    return _detach_or_wait(args, server, state)
+
+
+def _variant_flags(args) -> str:
+    """``--quant``/``--runtime`` as given, for a command line to print."""
+    return "".join(f" --{k} {v}" for k, v in (("quant", args.quant), ("runtime", getattr(args, "runtime", None))) if v)
+
+
+def _detach_or_wait(args, server, state: Path) -> int:
+    """Return now (``--detach``), or wait until SIGTERM/SIGINT or the server's exit, then stop it."""
     if args.detach:
         print("stop it with `make stop` (or `trtpipe stop`)")
         return 0
@@ -246,6 +311,9 @@ def cmd_stop(args) -> int:
     result = stop_from_state(state)
     if result is None:
         print(f"no running server recorded in {state}")
+    elif result.get("server") == "trtllm-serve":
+        print("stopped trtllm-serve" + (f", forcibly: it outlived SIGTERM or left child processes ("
+                                        f"{result['stubs_killed']} killed)" if result["forced"] else ""))
     elif result["forced"]:
         print(f"stopped, forcibly: tritonserver did not finish its in-flight requests within its exit timeout "
               f"(e.g. a cancelled ensemble request still generating); {result['stubs_killed']} leftover "
@@ -395,7 +463,8 @@ def make_parser() -> argparse.ArgumentParser:
     d.add_argument("--force", action="store_true", help="rewrite even when up to date")
     d.set_defaults(func=cmd_deploy)
 
-    for name, func, helptext in (("serve", cmd_serve, "start tritonserver on the built repository and wait for READY"),
+    for name, func, helptext in (("serve", cmd_serve, "start tritonserver (or trtllm-serve) on the build and wait "
+                                                      "until it is ready"),
                                  ("stop", cmd_stop, "stop a server started with serve --detach")):
         sp = sub.add_parser(name, help=helptext)
         _add_build_args(sp)
@@ -405,6 +474,8 @@ def make_parser() -> argparse.ArgumentParser:
             sp.add_argument("--http-port", type=int, default=None, help="default: serving.http_port")
             sp.add_argument("--grpc-port", type=int, default=None, help="default: serving.grpc_port")
             sp.add_argument("--metrics-port", type=int, default=None, help="default: serving.metrics_port")
+            sp.add_argument("--server", choices=("triton", "trtllm-serve"), default="triton",
+                            help="which server runs the build (trtllm-serve: trtllm-llmapi builds only)")
             sp.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for READY (default 600)")
             sp.add_argument("--model-repo", type=Path, default=None, metavar="DIR",
                             help="serve this repository instead of the build's model_repo (e.g. an edited copy, "

@@ -1,10 +1,17 @@
-"""Launch tritonserver on a model repository and wait until every model is READY.
+"""Launch tritonserver on a model repository and wait until every model is READY; or, for a trtllm-llmapi build,
+TensorRT-LLM's ``trtllm-serve`` and wait until ``/health`` answers 200.
 
 The server binary comes from the ``nvidia-pytriton`` wheel, installed by ``make setup`` into
 ``.triton/`` (or ``$TRTPIPE_TRITONSERVER``). Before starting: the ports must be free, the
 Python-backend stub matching this interpreter is put in place, and the repository exists.
 The server listens on 127.0.0.1 unless told otherwise. Failures are reported with the
 failing model's log lines and, where a known pattern matches, the fix.
+
+``trtllm-serve`` (:class:`TrtllmServe`) is whatever ``shutil.which("trtllm-serve")`` finds; it runs the command
+of ``model_repo.deploy.trtllm_serve_argv`` (the deployment files' command) with this host's address and port.
+Where it is absent, :func:`trtllm_serve_config` still checks the build, so the caller can print the command
+for a GPU host. Both servers record themselves in the build's ``server.json`` (:func:`write_state`), which
+:func:`stop_from_state` reads.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -65,6 +73,29 @@ KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
                                     "the repository so templates and configs come from the same checkout"),
     ("model_transaction_policy", "decoupled setting and the model disagree: streaming needs decoupled: true "
                                  "(serving.streaming) and gRPC streaming or generate_stream on the client"),
+)
+
+
+# trtllm-serve's log patterns -> what to do about them; each is the message of the component named in the fix
+# (uvicorn's bind error, torch/CUDA's runtime errors, Python's import error, click's usage error, pydantic's
+# extra='forbid' error of TorchLlmArgs: tests/facts/trtllm_1_2_1/llm_args.json torch_refuses_extra_how).
+TRTLLM_SERVE_FAILURES: tuple[tuple[str, str], ...] = (
+    ("address already in use", "another process holds the HTTP port (uvicorn could not bind it): stop it "
+                               "(`trtpipe stop`) or pass --http-port"),
+    ("out of memory", "the checkpoint or its KV cache does not fit the GPU memory (CUDA out of memory): lower "
+                      "serving.kv_cache_free_gpu_mem_fraction or limits.max_batch_size/max_num_tokens, or raise "
+                      "parallelism.tp_size, and rebuild"),
+    ("no CUDA-capable device", "no GPU visible to trtllm-serve: check CUDA_VISIBLE_DEVICES and the container's "
+                               "--gpus / nvidia.com/gpu request"),
+    ("CUDA driver version is insufficient", "the host driver is older than this TensorRT-LLM's CUDA: use the "
+                                            "container release that matches the driver (NVIDIA's support matrix)"),
+    ("No module named", "the Python that runs trtllm-serve cannot import a package: run it in the image that "
+                        "deploy/README.md names, or reinstall tensorrt_llm"),
+    ("No such option", "this trtllm-serve does not take an option of the command (click's usage error): check its "
+                       "version, 1.2.1 or later (`python3 -c 'import tensorrt_llm; print(tensorrt_llm.__version__)'`)"),
+    ("Extra inputs are not permitted", "the options file has a key this TensorRT-LLM's LLM API refuses "
+                                       "(TorchLlmArgs forbids unknown keys): check the version (1.2.1 or later), or "
+                                       "take the key out of serving.llm_api_options and rebuild"),
 )
 
 
@@ -175,10 +206,15 @@ def check_gpus(cfg: ServerConfig) -> None:
     """Refuse to start a multi-GPU or trtllm launch when fewer GPUs are visible than ranks."""
     if cfg.launcher != "mpirun" and cfg.world_size <= 1:
         return
+    require_gpus(cfg.world_size)
+
+
+def require_gpus(world_size: int) -> None:
+    """Raise ServerError unless at least ``world_size`` GPUs are visible (:func:`visible_gpus`)."""
     n = visible_gpus()
-    if n is None or n < cfg.world_size:
+    if n is None or n < world_size:
         seen = "no GPU (nvidia-smi missing)" if n is None else f"{n} GPU(s)"
-        raise ServerError(f"world_size tp x pp = {cfg.world_size} needs {cfg.world_size} GPU(s), this host shows "
+        raise ServerError(f"world_size tp x pp = {world_size} needs {world_size} GPU(s), this host shows "
                           f"{seen} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): run on a host "
                           "with enough GPUs, or lower parallelism.tp_size/pp_size and rebuild")
 
@@ -207,11 +243,13 @@ NO_GPU_NOISE = ("CUDA driver version is insufficient", "Failed to initialize NVM
                 "DCGM unable to start")
 
 
-def diagnose(log_text: str, gpu: bool | None = None) -> list[str]:
+def diagnose(log_text: str, gpu: bool | None = None,
+             failures: tuple[tuple[str, str], ...] = KNOWN_FAILURES) -> list[str]:
     """Known-failure suggestions for a server log (in table order, each once). ``gpu`` False (a repository
-    that serves on the CPU) leaves out the GPU-only ones, whose messages every CPU start logs."""
+    that serves on the CPU) leaves out the GPU-only ones, whose messages every CPU start logs. ``failures``:
+    the table (:data:`KNOWN_FAILURES` for tritonserver, :data:`TRTLLM_SERVE_FAILURES` for trtllm-serve)."""
     low = log_text.lower()
-    return [f"{pat!r} in the log -> {fix}" for pat, fix in KNOWN_FAILURES if pat.lower() in low
+    return [f"{pat!r} in the log -> {fix}" for pat, fix in failures if pat.lower() in low
             and not (gpu is False and pat in NO_GPU_NOISE)]
 
 
@@ -261,13 +299,55 @@ def server_environment(environ) -> dict:
     return env
 
 
-class TritonServer:
+class _ServerProcess:
+    """What every server trtpipe starts shares: its process, its log file, how it is stopped (context manager:
+    ``start()`` on entry, :meth:`stop` on exit)."""
+
+    program = "server"
+
+    def __init__(self, log_path: Path):
+        self.proc: subprocess.Popen | None = None
+        self.log_path = log_path
+
+    def _spawn(self, argv: list[str], env: dict, detach: bool) -> None:
+        """Start ``argv`` with stdout and stderr into the log file; ``detach``: in its own session, so it outlives
+        this process."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "w") as logf:
+            log.info("starting %s: %s", self.program, shlex.join(argv))
+            self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=detach)
+
+    def _log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 40.0) -> dict:
+        """Stop the server and every process it started (see :func:`terminate_server`)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return {"forced": False, "stubs_killed": 0}
+        result = terminate_server(self.proc.pid, timeout)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)  # reap
+        return result
+
+    def __enter__(self):
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class TritonServer(_ServerProcess):
     """A running tritonserver process (context manager: starts, waits for READY, stops)."""
 
+    program = "tritonserver"
+
     def __init__(self, cfg: ServerConfig):
+        super().__init__(cfg.log_file or (cfg.model_repository.parent / "tritonserver.log"))
         self.cfg = cfg
-        self.proc: subprocess.Popen | None = None
-        self.log_path = cfg.log_file or (cfg.model_repository.parent / "tritonserver.log")
 
     def start(self, detach: bool = False) -> "TritonServer":
         cfg = self.cfg
@@ -287,12 +367,7 @@ class TritonServer:
         env = server_environment(os.environ)
         if cfg.python_path:
             env["TRTPIPE_PYTHONPATH"] = os.pathsep.join(cfg.python_path)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        logf = open(self.log_path, "w")
-        log.info("starting tritonserver: %s", " ".join(command(cfg)))
-        self.proc = subprocess.Popen(command(cfg), stdout=logf, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=detach)
-        logf.close()
+        self._spawn(command(cfg), env, detach)
         try:
             self.wait_ready()
         except BaseException:
@@ -300,11 +375,11 @@ class TritonServer:
             raise
         return self
 
-    def _log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+    def state(self) -> dict:
+        """What :func:`write_state` records for this server."""
+        return {"server": self.program, "pid": self.proc.pid, "http": self.cfg.http_url, "grpc": self.cfg.grpc_url,
+                "metrics_port": self.cfg.metrics_port, "model_repository": str(self.cfg.model_repository),
+                "log": str(self.log_path)}
 
     def wait_ready(self) -> None:
         """Block until the server and every model in the repository are READY, or raise ServerError."""
@@ -341,34 +416,216 @@ class TritonServer:
             msg += ["suggested fixes:"] + [f"  - {h}" for h in hints]
         raise ServerError("\n".join(msg))
 
-    def stop(self, timeout: float = 40.0) -> dict:
-        """Stop the server and every Python-backend stub it started (see :func:`terminate_server`)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return {"forced": False, "stubs_killed": 0}
-        result = terminate_server(self.proc.pid, timeout)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(5)  # reap
-        return result
 
-    def __enter__(self) -> "TritonServer":
-        return self.start() if self.proc is None else self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+TRTLLM_SERVE = "trtllm-serve"
+"""The executable :class:`TrtllmServe` looks for on PATH."""
 
 
-def write_state(path: Path, server: TritonServer) -> None:
-    path.write_text(json.dumps({"pid": server.proc.pid, "http": server.cfg.http_url, "grpc": server.cfg.grpc_url,
-                                "metrics_port": server.cfg.metrics_port,
-                                "model_repository": str(server.cfg.model_repository),
-                                "log": str(server.log_path)}, indent=2) + "\n")
+@dataclass
+class TrtllmServeConfig:
+    """How to launch trtllm-serve on one trtllm-llmapi build (made and checked by :func:`trtllm_serve_config`)."""
+
+    argv: list[str]
+    """``model_repo.deploy.trtllm_serve_argv`` with this host's paths, address and port (``argv[0]``: trtllm-serve)."""
+    checkpoint: Path
+    """The unified HF checkpoint folder (the build's ``engine/``)."""
+    options_file: Path
+    """The LLM-API options YAML (``--config``)."""
+    address: str = "127.0.0.1"
+    http_port: int = 8000
+    log_file: Path | None = None
+    ready_timeout_s: float = 600.0
+    """Seconds to wait for ``/health`` to answer 200."""
+    world_size: int = 1
+    """GPUs it needs: the options' tensor_parallel_size x pipeline_parallel_size."""
+    image: str = ""
+    """The container image that ships the pinned TensorRT-LLM (``model_repo.deploy.runtime_image``)."""
+
+    @property
+    def health_url(self) -> str:
+        """``GET`` here answers 200 once the model is loaded (model_repo.deploy.TRTLLM_SERVE_HEALTH)."""
+        from model_repo.deploy import TRTLLM_SERVE_HEALTH
+
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.address, self.address)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.http_port}{TRTLLM_SERVE_HEALTH}"
+
+
+def installed_tensorrt_llm() -> str | None:
+    """The installed TensorRT-LLM's version (package metadata; nothing is imported), or None."""
+    from importlib import metadata
+
+    for name in ("tensorrt_llm", "tensorrt-llm"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    import re
+
+    parts = [int(x) for x in re.findall(r"\d+", version)[:2]]
+    return tuple(parts + [0] * (2 - len(parts)))  # type: ignore[return-value]
+
+
+def trtllm_serve_config(build, folder: Path, *, address: str = "127.0.0.1", http_port: int | None = None,
+                        ready_timeout_s: float = 600.0, model_repo: Path | None = None) -> TrtllmServeConfig:
+    """The trtllm-serve launch of ``build`` from its build folder, after checking what can be checked without
+    TensorRT-LLM: the runtime, the checkpoint's config.json, the options file (YAML mapping, every key one that
+    TensorRT-LLM 1.2.1 and 1.4 accept: builders.llmapi_options.option_problems).
+
+    Args:
+        folder: the build folder (``build/<name>/<target>``).
+        http_port: default ``serving.http_port``.
+        model_repo: read the options from this repository's ``tensorrt_llm/1/llm_api_options.yaml`` instead of the
+            build's (an edited copy).
+
+    Raises:
+        ServerError: the runtime is not trtllm-llmapi; the checkpoint or the options file is missing or unreadable.
+        SpecError: the options file has a key a supported TensorRT-LLM release refuses.
+    """
+    from builders.llmapi_options import RELEASES, option_problems
+    from builders.llmapi_options import options_file as options_file_for
+    from model_repo.deploy import TRTLLM_SERVE_OPTIONS_FILE, runtime_image, trtllm_serve_argv
+    from plugins.errors import SpecError
+
+    spec = f"trtpipe build {build.spec_path} --target {build.target}"
+    if build.runtime.engine != "llmapi":
+        raise ServerError(f"runtime {build.settings.runtime!r} of build {build.name} for {build.target}: --server "
+                          "trtllm-serve serves trtllm-llmapi builds only (TensorRT-LLM's LLM API on the unified HF "
+                          "checkpoint); serve it with --server triton, or build it with `" + spec + " --runtime "
+                          "trtllm-llmapi` and serve that with --runtime trtllm-llmapi --server trtllm-serve")
+    folder = Path(folder).resolve()
+    checkpoint = folder / "engine"
+    config_json = checkpoint / "config.json"
+    try:
+        if not isinstance(json.loads(config_json.read_text()), dict):
+            raise ValueError("not a JSON object")
+    except (OSError, ValueError) as exc:
+        raise ServerError(f"{config_json}: no readable checkpoint config ({exc}); trtllm-serve loads the unified HF "
+                          f"checkpoint from {checkpoint}: run `{spec}` first") from exc
+    options_file = ((Path(model_repo).resolve() / TRTLLM_SERVE_OPTIONS_FILE.split("/", 1)[1]) if model_repo
+                    else folder / TRTLLM_SERVE_OPTIONS_FILE)
+    installed = installed_tensorrt_llm()
+    if installed:  # a later release's own file where the build wrote one (speculative_config's spelling)
+        for release in reversed(RELEASES[1:]):
+            later = options_file.parent / options_file_for(release)
+            if later.is_file() and _major_minor(installed) >= _major_minor(release):
+                options_file = later
+                break
+    import yaml
+
+    try:
+        options = yaml.safe_load(options_file.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ServerError(f"{options_file}: the LLM-API options file is missing or not YAML ({exc}): "
+                          + ("pass a repository with tensorrt_llm/1/llm_api_options.yaml as --model-repo" if model_repo
+                             else f"run `{spec}` (the model_repo stage writes it)")) from exc
+    if not isinstance(options, dict):
+        raise ServerError(f"{options_file}: holds a {type(options).__name__}, trtllm-serve's --config needs a mapping "
+                          "of LLM-API options: regenerate it with `" + spec + "`")
+    # the file serves every release unless a later one has its own (builders.llmapi_options.options_files)
+    releases = ([r for r in RELEASES if r == RELEASES[0] or not (options_file.parent / options_file_for(r)).is_file()]
+                if options_file.name == options_file_for(RELEASES[0]) else
+                [r for r in RELEASES if options_file_for(r) == options_file.name])
+    problems = option_problems(options, field="llm_api_options", releases=releases)
+    if problems:
+        raise SpecError(problems, str(options_file), what="the LLM-API options file")
+    port = http_port or build.settings.serving.http_port
+    argv = trtllm_serve_argv(build, str(folder), host=address, port=port, config=str(options_file))
+    world = int(options.get("tensor_parallel_size") or 1) * int(options.get("pipeline_parallel_size") or 1)
+    log_dir = Path(model_repo).resolve().parent if model_repo else folder  # beside the repository, as tritonserver's
+    return TrtllmServeConfig(argv, checkpoint, options_file, address, port, log_dir / f"{TRTLLM_SERVE}.log",
+                             ready_timeout_s, world, runtime_image(build.runtime))
+
+
+class TrtllmServe(_ServerProcess):
+    """A running trtllm-serve, TensorRT-LLM's OpenAI-compatible server (context manager: starts, waits for
+    ``/health``, stops). Readiness, death and timeout are reported as for tritonserver: ServerError with the log's
+    last lines and the fixes of :data:`TRTLLM_SERVE_FAILURES` that match."""
+
+    program = TRTLLM_SERVE
+
+    def __init__(self, cfg: TrtllmServeConfig):
+        super().__init__(cfg.log_file or (cfg.checkpoint.parent / f"{TRTLLM_SERVE}.log"))
+        self.cfg = cfg
+
+    @staticmethod
+    def executable() -> str | None:
+        """The trtllm-serve on PATH, or None where TensorRT-LLM is not installed."""
+        return shutil.which(TRTLLM_SERVE)
+
+    def start(self, detach: bool = False) -> "TrtllmServe":
+        """Start it and wait until ``GET /health`` answers 200 (at most ``cfg.ready_timeout_s`` seconds).
+
+        Raises:
+            ServerError: trtllm-serve is not on PATH; the port is taken; fewer GPUs than tp x pp are visible; it
+                exited or did not answer in time (then it is stopped).
+        """
+        cfg = self.cfg
+        exe = self.executable()
+        if exe is None:
+            raise ServerError(f"{TRTLLM_SERVE} is not on PATH: install TensorRT-LLM 1.2.1 or later, or run "
+                              f"`{shlex.join(cfg.argv)}` in {cfg.image} on a GPU host")
+        if not port_free(cfg.http_port, cfg.address):
+            raise ServerError(f"port {cfg.http_port} on {cfg.address} already in use: stop the process holding it "
+                              "(`trtpipe stop`) or choose another (--http-port)")
+        require_gpus(cfg.world_size)
+        self._spawn([exe, *cfg.argv[1:]], dict(os.environ), detach)
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self) -> None:
+        """Block until ``GET /health`` answers 200 while the process lives, or raise ServerError."""
+        import urllib.error
+        import urllib.request
+
+        url = self.cfg.health_url
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._raise(f"{TRTLLM_SERVE} exited with status {self.proc.returncode} before {url} answered 200")
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    if resp.status == 200:
+                        log.info("%s ready: %s (OpenAI API under /v1)", TRTLLM_SERVE, url)
+                        return
+            time.sleep(0.5)
+        self._raise(f"{TRTLLM_SERVE} did not answer 200 on {url} within {self.cfg.ready_timeout_s:.0f} s (a large "
+                    "checkpoint may need longer: --timeout)")
+
+    def _raise(self, headline: str, tail: int = 30) -> None:
+        text = self._log_text()
+        hints = diagnose(text, failures=TRTLLM_SERVE_FAILURES)
+        msg = [headline, f"command: {shlex.join(self.cfg.argv)}", f"log: {self.log_path}",
+               "last log lines:\n" + ("\n".join(text.splitlines()[-tail:]) or "(empty)")]
+        if hints:
+            msg += ["suggested fixes:"] + [f"  - {h}" for h in hints]
+        raise ServerError("\n".join(msg))
+
+    def state(self) -> dict:
+        """What :func:`write_state` records for this server."""
+        return {"server": self.program, "pid": self.proc.pid, "http": f"{self.cfg.address}:{self.cfg.http_port}",
+                "health": self.cfg.health_url, "command": self.cfg.argv, "log": str(self.log_path)}
+
+
+def write_state(path: Path, server: TritonServer | TrtllmServe) -> None:
+    """Record a started server in ``path`` (the build's server.json): ``server`` (tritonserver or trtllm-serve),
+    ``pid``, its addresses, ``log``."""
+    path.write_text(json.dumps(server.state(), indent=2) + "\n")
 
 
 def terminate_server(pid: int, timeout: float = 40.0) -> dict:
-    """SIGTERM a tritonserver, wait up to ``timeout`` s (it waits up to its own exit timeout, 30 s,
-    for in-flight requests), then SIGKILL it; then SIGKILL every Python-backend stub it had started
-    that is still alive. Stubs outlive a server that gave up unloading a busy model (e.g. an ensemble
-    request still generating) and ignore SIGTERM; each holds a model and its memory.
+    """SIGTERM a tritonserver (or trtllm-serve), wait up to ``timeout`` s (tritonserver waits up to its own exit
+    timeout, 30 s, for in-flight requests), then SIGKILL it; then SIGKILL every process it had started that is
+    still alive (tritonserver's Python-backend stubs; trtllm-serve's worker processes). Stubs outlive a server that
+    gave up unloading a busy model (e.g. an ensemble request still generating) and ignore SIGTERM; each holds a
+    model and its memory.
 
     Killed stubs cannot release their shared-memory regions: those named on their command lines are
     removed from /dev/shm once server and stubs are gone.
@@ -423,13 +680,16 @@ def _cmdline(proc) -> list[str]:
 
 
 def stop_from_state(path: Path, timeout: float = 40.0) -> dict | None:
-    """Stop a detached server recorded in ``path`` and its stubs; None if none was running, else
-    :func:`terminate_server`'s result."""
+    """Stop a detached server recorded in ``path`` (tritonserver or trtllm-serve) and the processes it started;
+    None if none was running, else :func:`terminate_server`'s result with ``server``, the program's name."""
     if not path.is_file():
         return None
-    pid = json.loads(path.read_text())["pid"]
+    state = json.loads(path.read_text())
+    pid = state["pid"]
     result = terminate_server(pid, timeout) if _alive(pid) else None
     path.unlink(missing_ok=True)
+    if result is not None:
+        result["server"] = state.get("server", TritonServer.program)
     return result
 
 

@@ -132,6 +132,10 @@ def cmd_run(args) -> int:
             from pipeline.serve import running_from_state
 
             info = running_from_state(out_root / "server.json")
+            if info and "grpc" not in info:
+                raise PipelineError(f"the server recorded in {out_root / 'server.json'} is {info.get('server')} "
+                                    "(OpenAI API), not tritonserver: the load tester drives Triton's ensemble over "
+                                    "gRPC; `trtpipe stop` it and rerun, or pass --url of a Triton server")
             if info:
                 url, metrics_url = info["grpc"], metrics_url or f"http://127.0.0.1:{info['metrics_port']}/metrics"
                 log.info("using the running server recorded in %s (%s)", out_root / "server.json", url)

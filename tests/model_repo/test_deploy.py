@@ -15,8 +15,9 @@ import os
 import pytest
 import yaml
 
-from model_repo.deploy import (IMAGE_VAR, PYTORCH_IMAGE_VAR, compose, kubernetes, plan_deployment,
-                               render_deployment, triton_image, write_deployment)
+from model_repo.deploy import (IMAGE_VAR, PYTORCH_IMAGE_VAR, compose, compose_trtllm_serve, kubernetes,
+                               kubernetes_trtllm_serve, plan_deployment, render_deployment, triton_image,
+                               trtllm_serve_argv, write_deployment)
 from builders.layout import build_dir
 from pipeline.cli import main
 from tests.conftest import REPO_ROOT
@@ -162,7 +163,9 @@ def _all_k8s_objects(tmp_path):
     plans = [plan_deployment(load_spec(DEFAULT, "cpu"), get_target("cpu"), tmp_path / "a"),
              plan_deployment(_gpu_build(tmp_path / "b", tp=2), get_target("h100"), tmp_path / "b"),
              plan_deployment(_gpu_build(tmp_path / "c", tp=8, pp=2), get_target("h100"), tmp_path / "c")]
-    return [obj for plan in plans for obj in kubernetes(plan)]
+    llmapi = plan_deployment(_gpu_build(tmp_path / "d", tp=2, runtime="trtllm-llmapi"), get_target("h100"),
+                             tmp_path / "d")
+    return [obj for plan in plans for obj in kubernetes(plan)] + kubernetes_trtllm_serve(llmapi)
 
 
 def _pod_template(template: dict) -> dict:
@@ -251,6 +254,7 @@ def test_compose_files_pass_the_compose_spec_schema(tmp_path):
     assert {p.served_from for p in plans} == {"model_repo", "bundle"}
     for plan in plans:
         _validate_compose(validator, yaml.safe_load(render_deployment(plan)["docker-compose.yaml"]))
+    _validate_compose(validator, yaml.safe_load(render_deployment(plans[-1])["docker-compose.trtllm-serve.yaml"]))
 
 
 def test_compose_schema_check_rejects_broken_files(tmp_path):
@@ -322,6 +326,150 @@ def test_llmapi_deployment_also_says_the_trtllm_serve_command(tmp_path):
     model_yaml = yaml.safe_load(next(f for f in files if f.name == "model.yaml").read_text())
     assert set(upstream["model_yaml"]) <= set(model_yaml) and model_yaml["model"] == f"{plan.mount}/engine"
     assert set(model_yaml["triton_config"]) <= set(upstream["model_py_reads"]["triton_config_keys_used"])
+    # model.py's auto_complete_config indexes both without a fallback: they set what config.pbtxt leaves out
+    assert {"max_batch_size", "decoupled"} <= set(model_yaml["triton_config"])
     assert model_yaml["tensor_parallel_size"] == 2 and model_yaml["triton_config"]["decoupled"] is True
     trt = plan_deployment(_gpu_build(tmp_path / "t", runtime="trtllm"), get_target("h100"), tmp_path / "t")
     assert trt.trtllm_serve == [] and not any(f.name == "trtllm-serve.sh" for f in write_deployment(trt, tmp_path / "d2"))
+
+
+def test_trtllm_serve_compose_and_kubernetes_match_the_triton_ones(tmp_path):
+    """Same image, mount, GPUs and /dev/shm as Triton's files; the command is trtllm_serve_argv on 0.0.0.0 (the one
+    source); one HTTP port; health on trtllm-serve's /health (facts: trtllm_serve.health_path)."""
+    health = {json.loads((REPO_ROOT / "tests" / "facts" / d / "llm_args.json").read_text())["trtllm_serve"]["health_path"]
+              for d in ("trtllm_1_2_1", "trtllm_1_4")}
+    assert health == {"/health"}
+    build = _gpu_build(tmp_path, tp=2, runtime="trtllm-llmapi")
+    plan = plan_deployment(build, get_target("h100"), tmp_path / "out")
+    mount = str((tmp_path / "out").resolve())
+    argv = trtllm_serve_argv(build, mount, host="0.0.0.0")
+    assert plan.trtllm_serve == argv
+
+    triton = compose(plan)["services"]["triton"]
+    doc = compose_trtllm_serve(plan)
+    assert doc["name"] != compose(plan)["name"]  # its own compose project
+    svc = doc["services"]["trtllm-serve"]
+    assert svc["command"] == ["bash", "-lc", " ".join(argv)]
+    for key in ("image", "shm_size", "ulimits", "volumes", "deploy"):
+        assert svc[key] == triton[key], key
+    assert svc["volumes"] == [f"..:{mount}:ro"]
+    assert svc["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 2
+    assert svc["ports"] == [f"127.0.0.1:{plan.http_port}:{plan.http_port}"]
+    assert svc["healthcheck"]["test"][-1] == f"http://localhost:{plan.http_port}/health"
+
+    dep, service = kubernetes_trtllm_serve(plan)
+    tdep, tservice = kubernetes(plan)
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    tc = tdep["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["bash", "-lc", " ".join(argv)] and c["image"] == tc["image"]
+    assert c["resources"] == tc["resources"] == {"limits": {"nvidia.com/gpu": 2}}
+    assert c["volumeMounts"] == tc["volumeMounts"] and dep["spec"]["template"]["spec"]["volumes"] == \
+        tdep["spec"]["template"]["spec"]["volumes"]
+    for probe in ("readinessProbe", "startupProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/health", "port": plan.http_port}, probe
+    assert c["ports"] == [{"name": "http", "containerPort": plan.http_port}]
+    assert service["spec"]["ports"] == [{"name": "http", "port": plan.http_port, "targetPort": plan.http_port}]
+    # neither Service selects the other's pod
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    tpod_labels = tdep["spec"]["template"]["metadata"]["labels"]
+    assert not tservice["spec"]["selector"].items() <= pod_labels.items()
+    assert not service["spec"]["selector"].items() <= tpod_labels.items()
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert dep["metadata"]["name"] == service["metadata"]["name"] == f"{plan.name}-trtllm-serve"
+
+    files = render_deployment(plan)
+    assert yaml.safe_load(files["docker-compose.trtllm-serve.yaml"]) == doc
+    assert [yaml.safe_load(files[f"k8s/trtllm-serve/{k}.yaml"]) for k in ("deployment", "service")] == [dep, service]
+    # `kubectl apply -f k8s/` does not recurse: Triton's objects only at the top
+    assert sorted(k for k in files if k.startswith("k8s/") and k.count("/") == 1) == ["k8s/deployment.yaml",
+                                                                                       "k8s/service.yaml"]
+    readme = files["README.md"]
+    assert "docker-compose.trtllm-serve.yaml" in readme and "kubectl apply -f k8s/trtllm-serve/" in readme
+    # only trtllm-llmapi builds have a trtllm-serve command
+    trt = plan_deployment(_gpu_build(tmp_path / "t"), get_target("h100"), tmp_path / "t")
+    with pytest.raises(ValueError, match="runtime trtllm"):
+        compose_trtllm_serve(trt)
+    assert not any("trtllm-serve" in k for k in render_deployment(trt))
+
+
+def test_trtllm_serve_script_checks_the_tensorrt_llm_version(tmp_path):
+    """trtllm-serve.sh refuses a TensorRT-LLM older than 1.2.1 before it execs the command (a stand-in module
+    answers tensorrt_llm.__version__; `exec trtllm-serve` is swapped for an echo)."""
+    import subprocess
+    import sys
+
+    plan = plan_deployment(_gpu_build(tmp_path, runtime="trtllm-llmapi"), get_target("h100"), tmp_path / "out")
+    script = render_deployment(plan)["trtllm-serve.sh"]
+    assert script.rstrip().endswith("exec " + " ".join(plan.trtllm_serve[:-1]) + ' "$CONFIG"')
+    assert f"CONFIG={plan.trtllm_serve[-1]}\n" in script and not plan.later_options  # one options file
+    probe = script.replace("\nexec trtllm-serve", "\necho would run trtllm-serve")
+    for version, ok in (("1.2.0", False), ("1.2.1", True), ("1.3.0rc5", True), ("1.4.0", True), ("0.21.0", False)):
+        site = tmp_path / version
+        site.mkdir()
+        (site / "tensorrt_llm.py").write_text(f"__version__ = {version!r}\n")
+        r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"], "PYTHON": sys.executable, "PYTHONPATH": str(site)})
+        assert (r.returncode == 0) is ok, (version, r.stderr)
+        assert ("would run trtllm-serve serve" in r.stdout) is ok
+        if not ok:
+            assert f"TensorRT-LLM {version} is older than 1.2.1" in r.stderr and plan.image in r.stderr
+
+
+def test_trtllm_serve_script_takes_the_options_file_of_the_installed_release(tmp_path):
+    """Speculative decoding is spelt differently by 1.2.1 and 1.4 (Eagle / Eagle3): the build writes a file per
+    release and trtllm-serve.sh passes the one for the TensorRT-LLM it finds."""
+    import subprocess
+    import sys
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    extra = "    serving:\n      speculative_decoding: {mode: eagle3, draft_model: /models/eagle3}\n"
+    build = load_spec(write_spec(tmp_path / "b.yaml", tmp_path, target="h100", runtime="trtllm-llmapi", extra=extra),
+                      "h100")
+    plan = plan_deployment(build, get_target("h100"), tmp_path / "out")
+    later = f"{plan.mount}/model_repo/tensorrt_llm/1/llm_api_options-1.4.yaml"
+    assert plan.later_options == {"1.4": later}
+    probe = render_deployment(plan)["trtllm-serve.sh"].replace("\nexec trtllm-serve", "\necho trtllm-serve")
+    for version, want in (("1.2.1", plan.trtllm_serve[-1]), ("1.3.0rc5", plan.trtllm_serve[-1]),
+                          ("1.4.0rc4", later), ("1.5.0", later)):
+        site = tmp_path / version
+        site.mkdir()
+        (site / "tensorrt_llm.py").write_text(f"__version__ = {version!r}\n")
+        r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True,
+                           env={"PATH": os.environ["PATH"], "PYTHON": sys.executable, "PYTHONPATH": str(site)})
+        assert r.returncode == 0 and r.stdout.strip().endswith(f"--config {want}"), (version, r.stdout, r.stderr)
+
+
+def test_upstream_llmapi_config_pbtxt_is_upstreams(tmp_path):
+    """deploy/llmapi/tensorrt_llm/config.pbtxt against the recorded upstream config.pbtxt (all_models/llmapi):
+    Triton's ModelConfig proto parses it; name, backend, instance group, every input and output (name, dtype, dims,
+    optional) and no parameters are upstream's; max_batch_size and the transaction policy are left out, as
+    upstream leaves them to model.py's auto_complete_config (from model.yaml triton_config)."""
+    from tritonclient.grpc import model_config_pb2
+
+    from model_repo.generate import parse_config
+
+    facts = json.loads((REPO_ROOT / "tests" / "facts" / "trtllm_1_2_1" / "triton_llmapi_model.json").read_text())
+    up = facts["config_pbtxt"]
+    plan = plan_deployment(_gpu_build(tmp_path, runtime="trtllm-llmapi"), get_target("h100"), tmp_path / "out")
+    files = write_deployment(plan, tmp_path / "deploy")
+    rel = sorted(str(f.relative_to(tmp_path / "deploy")) for f in files if "llmapi" in f.parts)
+    # upstream's tree but for its Python code (facts: tree), which the README says to copy
+    assert rel == sorted("llmapi/" + t for t in (p.split("/", 1)[1] for p in facts["tree"])
+                         if not t.endswith(".py"))
+    text = (tmp_path / "deploy" / "llmapi" / "tensorrt_llm" / "config.pbtxt").read_text()
+    cfg = parse_config(text, "config.pbtxt")
+    assert cfg.name == up["name"] == facts["tree_notes"]["model_name"] and cfg.backend == up["backend"] == "python"
+    dtype = model_config_pb2.DataType.Name
+    assert [{"name": i.name, "data_type": dtype(i.data_type), "dims": list(i.dims), "optional": i.optional}
+            for i in cfg.input] == up["inputs"]
+    outputs = [{"name": o.name, "data_type": dtype(o.data_type), "dims": list(o.dims)} for o in cfg.output]
+    assert outputs == up["outputs"]
+    assert dict(cfg.parameters) == up["parameters"] == {}
+    assert [{"count": g.count, "kind": model_config_pb2.ModelInstanceGroup.Kind.Name(g.kind)}
+            for g in cfg.instance_group] == up["instance_group"]
+    assert not up["max_batch_size_in_file"] and not up["model_transaction_policy_in_file"]
+    assert not [ln for ln in text.splitlines() if ln.startswith(("max_batch_size", "model_transaction_policy"))]
+    assert not cfg.HasField("model_transaction_policy")
+    assert cfg.max_batch_size == up["max_batch_size_effective"] == 0 and not cfg.HasField("dynamic_batching")
+    readme = (tmp_path / "deploy" / "README.md").read_text()
+    assert "{model.py,helpers.py}" in readme and "--disable-auto-complete-config" in readme
