@@ -31,6 +31,13 @@ def resolve_build(spec_path: str | Path, target: str, quant: Optional[str] = Non
     return load_spec(spec_path, target, overrides_from_flags(quant, runtime))
 
 
-def variant(quant: Optional[str] = None, runtime: Optional[str] = None) -> Optional[str]:
-    """The build-folder suffix of the CLI overrides: ``<quant>``, ``<runtime>`` or ``<quant>-<runtime>`` (None: none)."""
+def variant(quant: Optional[str] = None, runtime: Optional[str] = None, spec_path: str | Path | None = None,
+            target: Optional[str] = None) -> Optional[str]:
+    """The build-folder suffix of the CLI overrides: ``<quant>``, ``<runtime>`` or ``<quant>-<runtime>`` (None: none).
+    With ``spec_path`` and ``target``, an override equal to what the build file already says for that target adds
+    nothing (``TARGET=h200 RUNTIME=trtllm-llmapi`` on a target that is trtllm-llmapi builds the plain folder)."""
+    if spec_path is not None and target is not None and (quant or runtime):
+        plain = load_spec(spec_path, target).settings
+        quant = None if quant == plain.quantization.quant_algo else quant
+        runtime = None if runtime == plain.runtime else runtime
     return "-".join(v for v in (quant, runtime) if v) or None

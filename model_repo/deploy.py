@@ -441,13 +441,19 @@ def _llmapi_readme(plan: DeploymentPlan) -> str:
     serve = " ".join(shlex.quote(a) for a in plan.trtllm_serve)
     least = ".".join(map(str, MIN_LLMAPI_VERSION))
     ports = f"--http-port={plan.http_port} --grpc-port={plan.grpc_port} --metrics-port={plan.metrics_port}"
+    later = "".join(f"\n\nTensorRT-LLM {r} and later spell an option of this build differently (speculative_config): "
+                    f"they read `{path}` instead. The Triton model and `trtllm-serve.sh` pick the file of the "
+                    "TensorRT-LLM they find; pass it to `--config` when you run trtllm-serve by hand."
+                    for r, path in plan.later_options.items())
     return f"""# Serving {plan.name} ({plan.runtime}) on a GPU host
 
 The build folder (`{plan.mount}`) holds ModelOpt's unified HF checkpoint (`engine/`) and the Triton repository
 (`model_repo/`); the three ways below read the same LLM-API options, from
 `{plan.mount}/model_repo/tensorrt_llm/1/llm_api_options.yaml` (upstream's model: a copy in its `model.yaml`). No
 engine is built: TensorRT-LLM's PyTorch backend loads the checkpoint. It needs TensorRT-LLM {least} or later; the
-image the compose and Kubernetes files use: `{plan.image}`. Check the version in it first (`trtllm-serve.sh` does):
+image the compose and Kubernetes files use: `{plan.image}`.{later}
+
+Check the version in the image first (`trtllm-serve.sh` does):
 
 ```bash
 python3 -c "import tensorrt_llm; print(tensorrt_llm.__version__)"   # {least} or later

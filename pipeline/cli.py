@@ -75,7 +75,7 @@ def _variant(args):
     """The build-folder suffix of ``--quant`` / ``--runtime`` (builders.layout.variant)."""
     from builders.layout import variant
 
-    return variant(args.quant, getattr(args, "runtime", None))
+    return variant(args.quant, getattr(args, "runtime", None), args.build, args.target)
 
 
 def _folder(args, build) -> Path:
@@ -107,7 +107,8 @@ def cmd_build(args) -> int:
         print(f"next: on the GPU host, run {manifest['handoff']['script']} (see docs/gpu-hosts.md)")
     elif build.runtime.engine == "llmapi" and (out / "deploy" / "README.md").is_file():
         print(f"next: on a GPU host with TensorRT-LLM 1.2.1 or later, tritonserver or trtllm-serve as "
-              f"{out / 'deploy' / 'README.md'} says (`make serve` does it where TensorRT-LLM is importable)")
+              f"{out / 'deploy' / 'README.md'} says (where TensorRT-LLM is installed, `trtpipe serve` runs "
+              "tritonserver and `trtpipe serve --server trtllm-serve` the OpenAI server)")
     else:
         print("next: `make serve` then `make query PROMPT=\"...\"`")
     return 0

@@ -127,7 +127,7 @@ def cmd_run(args) -> int:
 
             runtime = getattr(args, "runtime", None)
             out_root = build_dir(resolve_build(args.build, args.target, args.quant, runtime), args.out,
-                                 variant(args.quant, runtime))
+                                 variant(args.quant, runtime, args.build, args.target))
             repo = out_root / "model_repo"
             from pipeline.serve import running_from_state
 

@@ -217,7 +217,29 @@ def summarize(records: list[RequestRecord], slo: SLO = SLO(), open_loop: bool = 
             "e2e_s": dist((d["last_token_time_ns"] - d["arrival_time_ns"]) / 1e9 for d in srv
                           if d.get("last_token_time_ns")),
         }
+        s["server_side"].update(server_counters(srv))
     return s
+
+
+def server_counters(srv: list[dict]) -> dict:
+    """KV-cache reuse and speculative-decoding acceptance over requests, from the perf outputs each final response
+    carries (``kv_cache_*_blocks``, ``total_draft_tokens``, ``total_accepted_draft_tokens``: TensorRT-LLM's
+    RequestPerfMetrics, tests/facts/trtllm_1_2_1/perf_outputs.json). Ratios are of the sums (corpus-level, as
+    TensorRT-LLM's own evaluation reports acceptance); empty where no request carried the counters."""
+    out: dict = {}
+    total = sum(int(d.get("kv_cache_alloc_total_blocks") or 0) for d in srv)
+    if total:
+        reused = sum(int(d.get("kv_cache_reused_blocks") or 0) for d in srv)
+        out["kv_cache"] = {"reused_blocks": reused, "total_blocks": total, "reuse_fraction": reused / total,
+                           "new_blocks": sum(int(d.get("kv_cache_alloc_new_blocks") or 0) for d in srv)}
+    drafted = sum(int(d.get("total_draft_tokens") or 0) for d in srv)
+    if drafted:
+        accepted = sum(int(d.get("total_accepted_draft_tokens") or 0) for d in srv)
+        out["speculative"] = {"draft_tokens": drafted, "accepted_draft_tokens": accepted,
+                              "acceptance_rate": accepted / drafted,
+                              "acceptance_rate_per_request": dist(float(d["acceptance_rate"]) for d in srv
+                                                                  if d.get("total_draft_tokens"))}
+    return out
 
 
 def achieved_lengths(ok: list[RequestRecord]) -> dict:

@@ -25,6 +25,8 @@ CSV_FIELDS = (
       for m in ("ttft_s", "tpot_s", "itl_s_pooled", "e2e_s") for q in ("p50", "p90", "p99", "n")),
     ("schedule_lag_p95_s", lambda p: p["summary"].get("schedule_lag_s", {}).get("p95")),
     ("server_ttft_p50_s", lambda p: p["summary"].get("server_side", {}).get("ttft_s", {}).get("p50")),
+    ("kv_cache_reuse_fraction", lambda p: p["summary"].get("server_side", {}).get("kv_cache", {}).get("reuse_fraction")),
+    ("acceptance_rate", lambda p: p["summary"].get("server_side", {}).get("speculative", {}).get("acceptance_rate")),
     ("achieved_exact_fraction", lambda p: p["summary"]["achieved_lengths"].get("exact_fraction")),
 )
 

@@ -53,3 +53,14 @@ def test_runtime_override_has_its_own_folder():
     assert build.settings.runtime == "trtllm-llmapi" and build.settings.quantization.quant_algo == "fp8"
     assert build_dir(build, Path("/r"), variant("fp8", "trtllm-llmapi")) == Path("/r/smollm2-135m/h100-fp8-trtllm-llmapi")
     assert variant(None, None) is None and variant(None, "pytorch") == "pytorch"
+
+
+def test_an_override_the_build_file_already_says_adds_no_folder():
+    """`make build-engine TARGET=h200 RUNTIME=trtllm-llmapi`: h200 is trtllm-llmapi fp8 in the default build file,
+    so the plain h200 folder is built; only what really changes gets a suffix."""
+    from builders.layout import variant
+
+    assert variant("fp8", "trtllm-llmapi", DEFAULT_BUILD, "h200") is None
+    assert variant("int4_awq", "trtllm-llmapi", DEFAULT_BUILD, "h200") == "int4_awq"
+    assert variant(None, "pytorch", DEFAULT_BUILD, "h200") == "pytorch"
+    assert variant("int4_awq", "pytorch", DEFAULT_BUILD, "cpu") is None

@@ -262,3 +262,48 @@ def test_awq_vocab_padding_is_cut_off(tmp_path):
     assert sd["model.embed_tokens.weight"].shape == (500, HIDDEN)
     assert sd["lm_head.weight"].shape == (500, HIDDEN)
     assert torch.equal(sd["model.embed_tokens.weight"], model.model.embed_tokens.weight.to(torch.float16).float())
+
+
+# Relative error (Frobenius) of the dequantized q/k/v/o/gate/up/down weights against the fp16 source, per recipe:
+# [lower, upper]. Upper: the recipe's own grid on these random weights (FP8 e4m3 ~2.7%; INT4 group 64 ~11%, AWQ's
+# re-scaling up to ~16%; INT8 per channel <= 2%; measured on this model) with headroom; lower: it was quantized.
+UNIFIED_ERROR = {"fp8": (0.01, 0.04), "int4_awq": (0.05, 0.22), "int4_rtn": (0.05, 0.2), "w4a8_awq": (0.05, 0.22),
+                 "int8_sq": (0.003, 0.03)}
+UNIFIED_ALGO = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "int4_rtn": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ",
+                "int8_sq": "W8A8_SQ_PER_CHANNEL"}  # ModelOpt 0.47 writes RTN as AWQ with unit pre-quant scales
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=[f"{q}{'+kv' + k if k else ''}" for q, k in RECIPES])
+def test_unified_checkpoint_of_every_recipe_reads_back(tmp_path, recipe):
+    """The checkpoint the HF path serves (builders.quantize_hf, ModelOpt's unified export) for every recipe:
+    it names the recipe, every tensor maps onto the model transformers builds, and the dequantized weights are the
+    source's (bit-exact unquantized, within the recipe's error otherwise)."""
+    from transformers import AutoModelForCausalLM
+
+    from builders.checkpoint import read_checkpoint, write_hf_folder
+    from builders.quantize_hf import quantize_to_hf_checkpoint
+
+    quant, kv = recipe
+    src = tmp_path / "src"
+    model = tiny_model().to(torch.float16)
+    model.config.architectures = ["LlamaForCausalLM"]
+    model.save_pretrained(str(src))
+    source = {k: v.float() for k, v in model.state_dict().items()}
+    out = tmp_path / "unified"
+    quantize_to_hf_checkpoint(src, out, quant_algo=quant, group_size=GROUP, kv_cache_quant_algo=kv, dtype="float16",
+                              calib_samples=calib_samples())
+    sd, info = read_checkpoint(out, vocab_size=VOCAB)
+    assert (info.format, info.quant_algo, info.kv_cache_quant_algo) == \
+           ("hf_unified", UNIFIED_ALGO.get(quant), "FP8" if kv else None)
+    write_hf_folder(sd, src, tmp_path / "hf", torch.float32, tie_word_embeddings=False)
+    loaded, load_info = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), output_loading_info=True)
+    assert not load_info["missing_keys"] and not load_info["unexpected_keys"], load_info
+    got = loaded.state_dict()
+    assert set(got) == set(source)
+    if quant == "none":
+        assert all(torch.equal(got[k], v) for k, v in source.items())
+        return
+    lo, hi = UNIFIED_ERROR[quant]
+    for key in (k for k in source if k.endswith("proj.weight")):
+        err = float((got[key] - source[key]).norm() / source[key].norm())
+        assert lo <= err <= hi, (key, err)

@@ -77,3 +77,18 @@ def test_record_roundtrip_as_dict():
     r = rec(0, 10.0, [10.5, 11.0], [1, 1])
     d = r.as_dict(t0=10.0)
     assert d["ttft"] == pytest.approx(0.5) and d["response_times"] == [0.5, 1.0] and d["output_tokens"] == 2
+
+
+def test_server_counters_sum_kv_reuse_and_draft_acceptance_over_requests():
+    from pipeline.loadtest.metrics import server_counters
+
+    srv = [{"kv_cache_alloc_total_blocks": 4, "kv_cache_reused_blocks": 3, "kv_cache_alloc_new_blocks": 1,
+            "total_draft_tokens": 10, "total_accepted_draft_tokens": 8, "acceptance_rate": 0.8},
+           {"kv_cache_alloc_total_blocks": 6, "kv_cache_reused_blocks": 0, "kv_cache_alloc_new_blocks": 6,
+            "total_draft_tokens": 30, "total_accepted_draft_tokens": 6, "acceptance_rate": 0.2}]
+    c = server_counters(srv)
+    assert c["kv_cache"] == {"reused_blocks": 3, "total_blocks": 10, "reuse_fraction": 0.3, "new_blocks": 7}
+    sp = c["speculative"]
+    assert (sp["draft_tokens"], sp["accepted_draft_tokens"], sp["acceptance_rate"]) == (40, 14, 0.35)  # not 0.5
+    assert sp["acceptance_rate_per_request"]["mean"] == pytest.approx(0.5)
+    assert server_counters([{"kv_cache_alloc_total_blocks": 0, "total_draft_tokens": 0}]) == {}

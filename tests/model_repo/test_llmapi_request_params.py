@@ -7,6 +7,7 @@ model), tested directly. The names it emits are SamplingParams fields of tensorr
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 import types
@@ -17,7 +18,7 @@ from model_repo.generate import (PASS_OUTPUTS, TEMPLATES, load_template_module, 
                                  write_repository)
 from builders.spec import load_spec
 from plugins.targets import get_target
-from tests.conftest import smollm2_tokenizer_dir, write_spec
+from tests.conftest import REPO, smollm2_tokenizer_dir, write_spec
 
 _path = TEMPLATES / "tensorrt_llm_llmapi" / "1" / "request_params.py"
 TRITON_NP = {"TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_FP32": "float32", "TYPE_BOOL": "bool"}
@@ -209,13 +210,22 @@ class _Out:
         self.outputs, self.finished = outputs, finished
 
 
-# tensorrt_llm RequestPerfMetrics as the LLM API attaches it (attribute names: TensorRT-LLM tests/unittest/llmapi
-# test_llm.py test_llm_perf_metrics and the executor binding test of speculative_decoding; values made up).
-PERF_METRICS = types.SimpleNamespace(
-    kv_cache_metrics=types.SimpleNamespace(num_new_allocated_blocks=2, num_reused_blocks=5,
-                                           num_total_allocated_blocks=7),
-    speculative_decoding=types.SimpleNamespace(acceptance_rate=0.75, total_accepted_draft_tokens=6,
-                                               total_draft_tokens=8))
+# tensorrt_llm RequestPerfMetrics as the LLM API attaches it, built from the recorded attribute names
+# (tests/facts/trtllm_1_2_1/llmapi_perf_metrics.json); the values are made up.
+PERF_FACTS = json.loads((REPO / "tests" / "facts" / "trtllm_1_2_1" / "llmapi_perf_metrics.json").read_text())
+PERF_VALUES = {"kv_cache_alloc_new_blocks": 2, "kv_cache_reused_blocks": 5, "kv_cache_alloc_total_blocks": 7,
+               "acceptance_rate": 0.75, "total_accepted_draft_tokens": 6, "total_draft_tokens": 8}
+
+
+def _perf_metrics():
+    groups: dict = {}
+    for output, path in PERF_FACTS["perf_output_of"].items():
+        group, attr = path.split(".")
+        groups.setdefault(group, {})[attr] = PERF_VALUES[output]
+    return types.SimpleNamespace(**{g: types.SimpleNamespace(**a) for g, a in groups.items()})
+
+
+PERF_METRICS = _perf_metrics()
 
 
 class _FakeLLM:
@@ -355,8 +365,7 @@ def test_model_leads_a_non_streaming_answer_with_the_prompt_and_sends_perf_in_ba
     passed = {name: t[name].reshape(-1)[0].item() for name in (
         "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "acceptance_rate",
         "total_accepted_draft_tokens", "total_draft_tokens")}
-    assert passed == {"kv_cache_alloc_new_blocks": 2, "kv_cache_reused_blocks": 5, "kv_cache_alloc_total_blocks": 7,
-                      "acceptance_rate": 0.75, "total_accepted_draft_tokens": 6, "total_draft_tokens": 8}
+    assert passed == PERF_VALUES
     excluded = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8],
                         exclude_input_in_output=[True])
     assert [int(x) for x in _run(llmapi_model, excluded)[0][0].tensors["output_ids"].reshape(-1)] == [100, 101, 102]
