@@ -35,6 +35,10 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                                  f"{plan.kv_cache_quant_algo or plan.dtype}, dtype {plan.dtype}")
     head.add_row("parallelism", f"tp_size {plan.tp_size} x pp_size {plan.pp_size} = world_size {plan.world_size}")
     head.add_row("limits", ", ".join(f"{k} {v}" for k, v in plan.limits.as_dict().items()))
+    sp = plan.speculative
+    if sp is not None:
+        head.add_row("speculative", f"{sp.mode}, max_draft_len {sp.max_draft_len} ({sp.tokens_per_step} tokens per "
+                                    f"request a step); draft {sp.draft_model or '-'}: {sp.draft_source}")
     con.print(head)
 
     mem = Table(title="memory per rank (heaviest pipeline stage)", title_justify="left")
@@ -46,6 +50,9 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
         mem.add_row(f"  weights: {part}", f"{n:,}", human_bytes(n), "")
     mem.add_row("weights", f"{m.weights_bytes_per_rank:,}", human_bytes(m.weights_bytes_per_rank),
                 "per PP rank: " + ", ".join(human_bytes(b) for b in m.weights_bytes_by_pp_rank))
+    if m.draft_weights_bytes:
+        mem.add_row("draft weights", f"{m.draft_weights_bytes:,}", human_bytes(m.draft_weights_bytes),
+                    "speculative decoding's draft model")
     mem.add_row("activations", f"{m.activation_bytes:,}", human_bytes(m.activation_bytes),
                 f"estimate from max_num_tokens {plan.limits.max_num_tokens}")
     mem.add_row("runtime reserve", f"{m.reserve_bytes:,}", human_bytes(m.reserve_bytes), "CUDA context, workspaces")
@@ -67,15 +74,17 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                 f"(max_batch_size {plan.limits.max_batch_size})")
     con.print(kvt)
 
-    pt = Table(title="trtllm-build plugins" + ("" if plan.plugins_apply else
-                                               f" (informative: runtime {plan.runtime} builds no TensorRT engine)"),
-               title_justify="left")
-    pt.add_column("flag")
-    pt.add_column("value")
-    pt.add_column("reason")
-    for p in plan.plugins:
-        pt.add_row(p.flag + (" (implicit)" if p.implicit else ""), p.value, p.reason)
-    con.print(pt)
+    if plan.plugins_apply:
+        pt = Table(title="trtllm-build plugins", title_justify="left")
+        pt.add_column("flag")
+        pt.add_column("value")
+        pt.add_column("reason")
+        for p in plan.plugins:
+            pt.add_row(p.flag + (" (implicit)" if p.implicit else ""), p.value, p.reason)
+        con.print(pt)
+    else:  # still in plan.json: what trtllm-build would get on the engine path
+        con.print(f"trtllm-build plugins: none apply (runtime {plan.runtime} builds no TensorRT engine; plan.json "
+                  "lists what the engine path would use)", highlight=False)
     if plan.runtime_settings:
         rt = Table(title=f"runtime settings ({plan.runtime}: transformers continuous batching), as "
                          "tensorrt_llm/config.pbtxt will hold them: limits.* and serving.* come from the build file, "
