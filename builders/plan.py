@@ -219,8 +219,8 @@ class SpeculativePlan(_Frozen):
     """1 + max_draft_len: tokens one generation request runs through the target per step."""
     draft_model: Optional[str]
     draft_weights_bytes: int
-    """The draft's weights on one rank (its config.json's shape at the checkpoint dtype, split by tp; 0 for ngram
-    and mtp, whose drafts are text or the model's own layers)."""
+    """The draft's weights on one rank (:func:`speculative_plan`; 0 for ngram and mtp, whose drafts are text or the
+    model's own layers)."""
     draft_kv_bytes_per_token: int
     """KV bytes per token of the draft's layers (they share the paged pool with the target's)."""
     draft_source: str
@@ -240,26 +240,48 @@ def draft_config(build: ResolvedBuild) -> tuple[Optional[dict], str]:
                   "serving.speculative_decoding.draft_hf_config to a copy of the draft's config.json)")
 
 
+def eagle3_params(cfg: dict) -> int:
+    """Parameters of an EAGLE-3 draft head (``LlamaForCausalLMEagle3`` config.json), as the checkpoints hold them.
+
+    Layout of sgl-project/sglang ``python/sglang/srt/models/llama_eagle3.py`` (@03d5a7771f60, after SafeAILab's
+    EAGLE ``cnets.py``): ``fc`` fuses three taps of the target's hidden states (3 x target_hidden_size -> hidden);
+    the first decoder layer's q/k/v read the embedding and the fused state side by side (2 x hidden inputs) and it
+    has three norms (input_layernorm, hidden_norm, post_attention_layernorm); further layers are plain decoder
+    layers; a final norm; an lm_head over ``draft_vocab_size`` tokens (the embedding itself is the target's and
+    not in the checkpoint; a tied head is the embedding, counted once).
+    """
+    h = int(cfg["hidden_size"])
+    heads, kv_heads = int(cfg["num_attention_heads"]), int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    hd = int(cfg.get("head_dim") or h // heads)
+    q, kv, inter = heads * hd, kv_heads * hd, int(cfg["intermediate_size"])
+    layers = int(cfg.get("num_hidden_layers") or 1)
+    attn_out_mlp = q * h + 3 * h * inter
+    first = 2 * h * (q + 2 * kv) + attn_out_mlp + 3 * h
+    rest = (layers - 1) * (h * (q + 2 * kv) + attn_out_mlp + 2 * h)
+    head_rows = int(cfg.get("vocab_size") if cfg.get("tie_word_embeddings") else
+                    cfg.get("draft_vocab_size") or cfg.get("vocab_size"))
+    return first + rest + 3 * int(cfg.get("target_hidden_size") or h) * h + h + head_rows * h
+
+
 def speculative_plan(build: ResolvedBuild, tp: int, dtype_bytes: int, kv_dtype_bytes: int,
                      draft: Optional[dict], source: str) -> Optional[SpeculativePlan]:
-    """The draft's memory on one rank. EAGLE-3 heads (``*Eagle3*`` configs: one decoder layer over the target's
-    hidden states) add the fc that fuses 3 hidden-state taps (3 x hidden x hidden) and use ``draft_vocab_size``
-    for their lm_head (the EAGLE-3 checkpoints' layout; the embedding is counted too, an upper bound where the
-    draft shares the target's). Draft-target models are a whole smaller model."""
+    """The draft's memory on one rank: an EAGLE-3 head by :func:`eagle3_params`, a draft-target model as a whole
+    model of its config.json's shape (:func:`_weights`), both at the checkpoint dtype and split by tp; the draft's
+    layers add their KV per token to the shared pool."""
     spec = build.settings.serving.speculative_decoding
     if spec is None:
         return None
     weights = kv = 0
     if draft is not None:
         cfg = dict(draft)
-        if spec.mode == "eagle3":
-            cfg["vocab_size"] = cfg.get("draft_vocab_size") or cfg.get("vocab_size")
-            cfg.setdefault("architectures", ["LlamaForCausalLM"])
+        cfg.setdefault("architectures", ["LlamaForCausalLM"])
         shape = ModelShape.from_hf_config(cfg, field="serving.speculative_decoding.draft_model")
-        per_pp, _, _, _ = _weights(shape, tp, 1, recipe("none"), 128, dtype_bytes, moe_tp=tp, moe_ep=1,
-                                   dedupe_tied=True)
-        weights = per_pp[0] + (3 * shape.hidden_size * shape.hidden_size * dtype_bytes // tp
-                               if spec.mode == "eagle3" else 0)
+        if spec.mode == "eagle3":
+            weights = _ceil_div(eagle3_params(cfg), tp) * dtype_bytes
+        else:
+            per_pp, _, _, _ = _weights(shape, tp, 1, recipe("none"), 128, dtype_bytes, moe_tp=tp, moe_ep=1,
+                                       dedupe_tied=True)
+            weights = per_pp[0]
         kv = kv_bytes_per_token(shape, tp, 1, kv_dtype_bytes)
     elif spec.mode in ("ngram", "mtp"):
         source = {"ngram": "no draft model (drafts are n-grams of the text)",

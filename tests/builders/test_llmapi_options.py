@@ -233,9 +233,12 @@ def test_the_plan_counts_the_eagle3_draft(tmp_path):
     build = _served(tmp_path, "  speculative_decoding:\n    mode: eagle3\n    draft_model: /gpu-host/eagle3\n"
                               f"    draft_hf_config: {tmp_path / 'eagle3.json'}\n")
     plan = make_plan(build, get_target("h100"), hf_config("llama-3.1-8b"))
+    # EAGLE-3 head layout (SGLang llama_eagle3.py): q/k/v read 2 x hidden, o, gate/up/down, three norms; the fc over
+    # three hidden-state taps, a final norm, lm_head over the draft vocabulary; no embedding (the target's). bf16.
     h, kv, inter, dv = 4096, 8 * 128, 14336, 32000
-    layer = 2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h  # q, o; k, v; gate, up, down; two norms
-    draft = 2 * (layer + h + 2 * dv * h + 3 * h * h)  # + final norm, embedding and lm_head, the 3-tap fc; bf16
+    layer = 2 * h * (h + 2 * kv) + h * h + 3 * h * inter + 3 * h
+    draft = 2 * (layer + 3 * h * h + h + dv * h)
+    # 424.7M parameters, 0.85 GB: about the size of the published Llama-3.1-8B EAGLE-3 heads
     sp = plan.speculative
     assert (sp.mode, sp.tokens_per_step, sp.draft_weights_bytes) == ("eagle3", 4, draft)
     assert sp.draft_kv_bytes_per_token == 2 * 1 * 8 * 128 * 2  # K and V of its one layer, bf16
