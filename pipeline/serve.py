@@ -309,6 +309,16 @@ class _ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.log_path = log_path
 
+    def _launch(self, argv: list[str], env: dict, detach: bool):
+        """Spawn ``argv`` and wait until the server is ready (:meth:`wait_ready`); stop it on any failure."""
+        self._spawn(argv, env, detach)
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
     def _spawn(self, argv: list[str], env: dict, detach: bool) -> None:
         """Start ``argv`` with stdout and stderr into the log file; ``detach``: in its own session, so it outlives
         this process."""
@@ -367,13 +377,7 @@ class TritonServer(_ServerProcess):
         env = server_environment(os.environ)
         if cfg.python_path:
             env["TRTPIPE_PYTHONPATH"] = os.pathsep.join(cfg.python_path)
-        self._spawn(command(cfg), env, detach)
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        return self._launch(command(cfg), env, detach)
 
     def state(self) -> dict:
         """What :func:`write_state` records for this server."""
@@ -572,13 +576,7 @@ class TrtllmServe(_ServerProcess):
             raise ServerError(f"port {cfg.http_port} on {cfg.address} already in use: stop the process holding it "
                               "(`trtpipe stop`) or choose another (--http-port)")
         require_gpus(cfg.world_size)
-        self._spawn([exe, *cfg.argv[1:]], dict(os.environ), detach)
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        return self._launch([exe, *cfg.argv[1:]], dict(os.environ), detach)
 
     def wait_ready(self) -> None:
         """Block until ``GET /health`` answers 200 while the process lives, or raise ServerError."""
