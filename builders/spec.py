@@ -239,6 +239,8 @@ class ServingConfig(_Strict):
     """Triton gRPC port."""
     metrics_port: int = Field(8002, ge=1, le=65535)
     """Triton metrics port."""
+    openai_port: int = Field(9000, ge=1, le=65535)
+    """Port of the OpenAI-compatible frontend ``trtpipe serve`` starts beside tritonserver (``/v1``)."""
 
 
 class QualityGate(_Strict):

@@ -223,7 +223,7 @@ def _already_serving(state: Path) -> bool:
 
 
 def cmd_serve(args) -> int:
-    from pipeline.serve import TritonServer, write_state
+    from pipeline.serve import OpenAIFrontend, TritonServer, frontend_launch, write_state
 
     build = _resolve(args)
     if args.server == "trtllm-serve":
@@ -233,10 +233,21 @@ def cmd_serve(args) -> int:
     if _already_serving(state):
         return 0
     server = TritonServer(cfg).start(detach=args.detach)
-    write_state(state, server)
+    frontend = None
+    try:
+        if not args.no_openai:
+            frontend = OpenAIFrontend(frontend_launch(build, cfg, args.openai_port or build.settings.serving.openai_port,
+                                                      _folder(args, build) / "engine")).start(detach=args.detach)
+    except BaseException:
+        server.stop()
+        raise
+    write_state(state, server, frontend)
     print(f"tritonserver ready on {cfg.address}: HTTP {cfg.http_port}, gRPC {cfg.grpc_port}, "
           f"metrics {cfg.metrics_port} (pid {server.proc.pid}, log {server.log_path})")
-    return _detach_or_wait(args, server, state)
+    if frontend is not None:
+        print(f"OpenAI API on {frontend.launch.url}/v1 (model {build.name!r}; /health, /metrics; pid "
+              f"{frontend.proc.pid}, log {frontend.log_path})")
+    return _detach_or_wait(args, server, state, frontend)
 
 
 def _serve_trtllm(args, build) -> int:
@@ -285,8 +296,9 @@ def _variant_flags(args) -> str:
     return "".join(f" --{k} {v}" for k, v in (("quant", args.quant), ("runtime", getattr(args, "runtime", None))) if v)
 
 
-def _detach_or_wait(args, server, state: Path) -> int:
-    """Return now (``--detach``), or wait until SIGTERM/SIGINT or the server's exit, then stop it."""
+def _detach_or_wait(args, server, state: Path, frontend=None) -> int:
+    """Return now (``--detach``), or wait until SIGTERM/SIGINT or the server's exit, then stop it (and the
+    frontend beside it)."""
     if args.detach:
         print("stop it with `make stop` (or `trtpipe stop`)")
         return 0
@@ -299,6 +311,8 @@ def _detach_or_wait(args, server, state: Path) -> int:
     signal.signal(signal.SIGINT, _term)
     while not stopping["flag"] and server.proc.poll() is None:
         time.sleep(0.5)
+    if frontend is not None:
+        frontend.stop(10)
     server.stop()
     state.unlink(missing_ok=True)
     return 0 if stopping["flag"] else 1
@@ -478,6 +492,10 @@ def make_parser() -> argparse.ArgumentParser:
             sp.add_argument("--server", choices=("triton", "trtllm-serve"), default="triton",
                             help="which server runs the build (trtllm-serve: trtllm-llmapi builds only)")
             sp.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for READY (default 600)")
+            sp.add_argument("--openai-port", type=int, default=None, help="the OpenAI-compatible frontend's port "
+                            "(default: serving.openai_port)")
+            sp.add_argument("--no-openai", action="store_true", help="start tritonserver only, without the OpenAI "
+                            "frontend")
             sp.add_argument("--model-repo", type=Path, default=None, metavar="DIR",
                             help="serve this repository instead of the build's model_repo (e.g. an edited copy, "
                                  "with a tensorrt_llm parameter changed); ports and settings still come from "

@@ -90,6 +90,20 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
     return inputs
 
 
+def stream_request(model: str, request_id: str, inputs: list, outputs: list):
+    """The ModelInferRequest proto for a gRPC stream, asking for an empty final response (so the client knows the
+    last one). The aio client's ``stream_infer`` cannot ask for it (the ``triton_`` parameter prefix is reserved
+    there), so callers open the stream on the client's stub with this proto: the only private tritonclient API
+    the project uses (``_get_inference_request``, tritonclient's own request builder)."""
+    from tritonclient.grpc._utils import _get_inference_request
+
+    req = _get_inference_request(model_name=model, inputs=inputs, model_version="", request_id=request_id,
+                                 outputs=outputs, sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
+                                 timeout=None, parameters=None)
+    req.parameters["triton_enable_empty_final_response"].bool_param = True
+    return req
+
+
 PERF_NAMES = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
               "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
               "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens")

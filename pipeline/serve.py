@@ -612,10 +612,96 @@ class TrtllmServe(_ServerProcess):
                 "health": self.cfg.health_url, "command": self.cfg.argv, "log": str(self.log_path)}
 
 
-def write_state(path: Path, server: TritonServer | TrtllmServe) -> None:
+@dataclass
+class FrontendLaunch:
+    """How to start the OpenAI-compatible frontend (pipeline.openai_frontend) beside a tritonserver."""
+
+    grpc_url: str
+    model: str
+    tokenizer_dir: Path
+    max_input_len: int
+    max_seq_len: int
+    add_special_tokens: bool
+    address: str = "127.0.0.1"
+    port: int = 9000
+    log_file: Path | None = None
+    ready_timeout_s: float = 120.0
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "pipeline.openai_frontend", "--grpc-url", self.grpc_url, "--model", self.model,
+                "--tokenizer", str(self.tokenizer_dir), "--max-input-len", str(self.max_input_len),
+                "--max-seq-len", str(self.max_seq_len), "--host", self.address, "--port", str(self.port),
+                *(["--add-special-tokens"] if self.add_special_tokens else [])]
+
+
+def frontend_launch(build, cfg: ServerConfig, port: int, tokenizer_dir: Path) -> FrontendLaunch:
+    """The frontend for ``build`` served by ``cfg``: its model id is the build name, its limits the build's,
+    prompt tokens counted as the repository's preprocessing model counts them (``add_special_tokens``)."""
+    from model_repo.generate import parse_config
+
+    path = cfg.model_repository / "preprocessing" / "config.pbtxt"
+    pre = parse_config(path.read_text(), str(path))
+    special = "add_special_tokens" in pre.parameters and pre.parameters["add_special_tokens"].string_value == "true"
+    lim = build.settings.limits
+    return FrontendLaunch(cfg.grpc_url, build.name, tokenizer_dir, lim.max_input_len, lim.max_seq_len, special,
+                          cfg.address, port, cfg.model_repository.parent / "openai_frontend.log")
+
+
+class OpenAIFrontend(_ServerProcess):
+    """The OpenAI-compatible frontend process (uvicorn), ready when its ``/health`` answers 200 (Triton ready)."""
+
+    program = "openai-frontend"
+
+    def __init__(self, launch: FrontendLaunch):
+        super().__init__(launch.log_file or Path("openai_frontend.log"))
+        self.launch = launch
+
+    def start(self, detach: bool = False) -> "OpenAIFrontend":
+        """Start it and wait for ``/health``.
+
+        Raises:
+            ServerError: the port is taken, or it exited or did not answer in time (then it is stopped).
+        """
+        if not port_free(self.launch.port, self.launch.address):
+            raise ServerError(f"port {self.launch.port} on {self.launch.address} already in use (the OpenAI "
+                              "frontend's): stop the process holding it, or pass --openai-port, or --no-openai")
+        return self._launch(self.launch.argv(), dict(os.environ), detach)
+
+    def wait_ready(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        url = self.launch.url + "/health"
+        deadline = time.monotonic() + self.launch.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._raise(f"the OpenAI frontend exited with status {self.proc.returncode}")
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            time.sleep(0.3)
+        self._raise(f"the OpenAI frontend did not answer 200 on {url} within {self.launch.ready_timeout_s:.0f} s")
+
+    def _raise(self, headline: str) -> None:
+        tail = "\n".join(self._log_text().splitlines()[-30:]) or "(empty)"
+        raise ServerError(f"{headline}\nlog: {self.log_path}\nlast log lines:\n{tail}")
+
+    def state(self) -> dict:
+        return {"pid": self.proc.pid, "url": self.launch.url, "log": str(self.log_path)}
+
+
+def write_state(path: Path, server: TritonServer | TrtllmServe, frontend: OpenAIFrontend | None = None) -> None:
     """Record a started server in ``path`` (the build's server.json): ``server`` (tritonserver or trtllm-serve),
-    ``pid``, its addresses, ``log``."""
-    path.write_text(json.dumps(server.state(), indent=2) + "\n")
+    ``pid``, its addresses, ``log``, and ``openai`` (the frontend's pid, url, log) when one runs beside it."""
+    state = server.state()
+    if frontend is not None:
+        state["openai"] = frontend.state()
+    path.write_text(json.dumps(state, indent=2) + "\n")
 
 
 def terminate_server(pid: int, timeout: float = 40.0) -> dict:
@@ -684,6 +770,9 @@ def stop_from_state(path: Path, timeout: float = 40.0) -> dict | None:
         return None
     state = json.loads(path.read_text())
     pid = state["pid"]
+    front = (state.get("openai") or {}).get("pid")
+    if front and _alive(int(front)):  # first: it holds gRPC streams to the server
+        terminate_server(int(front), 10)
     result = terminate_server(pid, timeout) if _alive(pid) else None
     path.unlink(missing_ok=True)
     if result is not None:

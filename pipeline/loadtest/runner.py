@@ -3,10 +3,8 @@
 Each connection is one ``tritonclient.grpc.aio`` client holding one bidirectional stream on
 which many requests are multiplexed by ``request_id`` (one active stream per client).
 Request protos are built before the clock starts, so the timed path only enqueues them and
-reads responses. The aio client's ``stream_infer`` cannot ask for an empty final response
-(the ``triton_`` parameter prefix is reserved there), so the stream is opened on the client's
-stub with requests built by tritonclient's own request builder plus that flag; this is the
-only private tritonclient API used.
+reads responses; the stream is opened on the client's stub with ``pipeline.client.stream_request``
+protos (an empty final response asked for).
 
 Closed loop: ``concurrency`` workers, each sends its next request when the previous one
 finished. Open loop: requests go at ``t0 + offset`` (absolute schedule); a late send does not
@@ -27,7 +25,7 @@ import numpy as np
 
 from tritonclient.utils import triton_to_np_dtype
 
-from pipeline.client import PERF_NAMES, build_inputs
+from pipeline.client import PERF_NAMES, build_inputs, stream_request
 from pipeline.loadtest.metrics import RequestRecord
 from pipeline.loadtest.workload import RequestSpec
 
@@ -72,7 +70,6 @@ def classify(message: str) -> str:
 def build_request(model: str, rid: str, spec: RequestSpec, inputs: dict):
     """The ModelInferRequest proto for one request, with an empty final response asked for."""
     import tritonclient.grpc as grpcclient
-    from tritonclient.grpc._utils import _get_inference_request
 
     extra = {k: v for k, v in inputs.items() if k not in ("end_id", "return_perf_metrics")}
     if "min_tokens" in extra:
@@ -82,11 +79,7 @@ def build_request(model: str, rid: str, spec: RequestSpec, inputs: dict):
     outs = [grpcclient.InferRequestedOutput("num_output_tokens")]
     if inputs.get("return_perf_metrics"):
         outs += [grpcclient.InferRequestedOutput(n) for n in PERF_NAMES]
-    req = _get_inference_request(model_name=model, inputs=ins, model_version="", request_id=rid, outputs=outs,
-                                 sequence_id=0, sequence_start=False, sequence_end=False, priority=0,
-                                 timeout=None, parameters=None)
-    req.parameters["triton_enable_empty_final_response"].bool_param = True
-    return req
+    return stream_request(model, rid, ins, outs)
 
 
 class Connection:

@@ -1,0 +1,580 @@
+"""An OpenAI-compatible HTTP frontend in front of Triton's ``tensorrt_llm_bls`` model (FastAPI on uvicorn).
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``, ``GET /health`` (200 when
+Triton and its model are ready), ``GET /metrics`` (Prometheus text). It translates, it does not schedule: each
+HTTP request becomes one request on its own gRPC stream to the BLS model (tokenize, generate, detokenize, as the
+ensemble; the runtime batches requests in flight), and a client that disconnects cancels that stream, which
+cancels the request in Triton (the runtime then frees its KV blocks). Started by ``trtpipe serve`` beside tritonserver (``python -m pipeline.openai_frontend ...``).
+
+Formats follow OpenAI's API reference (https://platform.openai.com/docs/api-reference/chat and /completions):
+``chat.completion`` / ``chat.completion.chunk`` / ``text_completion`` objects, server-sent events ending with
+``data: [DONE]``, ``stream_options.include_usage`` adding a last chunk with ``usage`` and no choices, and errors as
+``{"error": {"message", "type", "param", "code"}}``. Token counts: ``completion_tokens`` are the server's
+(``num_output_tokens`` of each response); ``prompt_tokens`` are counted here with the model's tokenizer the way the
+preprocessing model counts them (same tokenizer folder, same ``add_special_tokens``). The chat template is the
+model's own (``tokenizer_config.json`` / ``chat_template.jinja``), applied here.
+
+Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Not
+supported, answered with 400: ``logprobs``, tools / function calling, ``response_format`` other than text, several
+prompts in one completion request, ``echo``, ``suffix``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Literal, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger("trtpipe.openai")
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's documented default of ``max_tokens`` for ``/v1/completions``; chat defaults to what the context holds."""
+
+
+@dataclass
+class FrontendConfig:
+    """What the frontend serves and where it sends requests."""
+
+    grpc_url: str
+    """Triton's gRPC ``host:port``."""
+    model: str
+    """The served model id (the build name): requests naming another get 404."""
+    tokenizer_dir: Path
+    max_input_len: int
+    max_seq_len: int
+    add_special_tokens: bool = False
+    """As the repository's preprocessing model tokenizes (its ``add_special_tokens`` parameter)."""
+    triton_model: str = "tensorrt_llm_bls"
+    """The Triton model requests go to: the BLS model, not the ensemble, because Triton hands an ensemble's
+    cancellation only to its next step, never to the tensorrt_llm step already streaming (docs/deploy.md,
+    "Cancelling"); BLS forwards it, so a client that goes away frees its KV blocks at once."""
+    max_n: int = 8
+    """Most choices per request (``n``; the runtime's num_return_sequences)."""
+    request_timeout_s: float = 600.0
+
+
+# ---- request bodies (the OpenAI fields this frontend reads; unknown fields are ignored, as OpenAI's are) ----
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: Optional[int] = Field(None, ge=1)
+    stream: bool = False
+    stream_options: Optional[dict] = None
+    stop: Optional[Union[str, list[str]]] = None
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(None, ge=0)
+    n: int = Field(1, ge=1)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    logprobs: Optional[Union[bool, int]] = None
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[dict]]] = None
+
+
+class ChatBody(_Body):
+    messages: list[_Message] = Field(..., min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+
+
+class CompletionBody(_Body):
+    prompt: Union[str, list[str]]
+    echo: bool = False
+    suffix: Optional[str] = None
+
+
+class APIError(Exception):
+    """An OpenAI-style error: HTTP ``status`` and the body's message, type, param and code."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def triton_error(message: str) -> APIError:
+    """A Triton error message -> the HTTP error a client should see (400 the request, 503 overloaded or down)."""
+    m = message.lower()
+    if any(k in m for k in ("queue", "overload", "too many", "exceeds maximum queue size", "busy")):
+        return APIError(503, f"the server is overloaded, retry later: {message}", "server_error",
+                        code="overloaded")
+    if any(k in m for k in ("unavailable", "failed to connect", "connection refused", "socket closed")):
+        return APIError(503, f"the inference server is unavailable: {message}", "server_error",
+                        code="unavailable")
+    if any(k in m for k in ("exceed", "must be", "invalid", "expected", "out of range", "not supported")):
+        code = "context_length_exceeded" if ("max_input_len" in m or "max_seq_len" in m) else None
+        return APIError(400, message, code=code)
+    return APIError(500, message, "server_error")
+
+
+# ---- the Triton side ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Delta:
+    """One streamed response: the text and token count of one choice's new tokens."""
+
+    index: int
+    text: str
+    tokens: int
+
+
+class Triton:
+    """One aio gRPC client; each request on its own stream (so a disconnect cancels only it)."""
+
+    def __init__(self, cfg: FrontendConfig):
+        import tritonclient.grpc.aio as aioclient
+
+        self.cfg = cfg
+        self.client = aioclient.InferenceServerClient(cfg.grpc_url)
+
+    async def ready(self) -> bool:
+        try:
+            return bool(await self.client.is_server_ready() and await self.client.is_model_ready(self.cfg.triton_model))
+        except Exception:  # unreachable, starting, stopping
+            return False
+
+    async def generate(self, prompt: str, max_tokens: int, stop: list[str], extra: dict) -> AsyncIterator[Delta]:
+        """Yield the model's streamed responses for one prompt; raise APIError on a request error."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.grpc import InferResult
+
+        from pipeline.client import build_inputs, stream_request
+
+        inputs = build_inputs(prompt, max_tokens, stream=True, stop_words=stop or None, extra=extra)
+        outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", "num_output_tokens")]
+        if extra.get("num_return_sequences", 1) > 1:
+            outputs.append(grpcclient.InferRequestedOutput("sequence_index"))
+        req = stream_request(self.cfg.triton_model, uuid.uuid4().hex, inputs, outputs)
+        done = asyncio.Event()
+
+        async def requests():
+            yield req
+            await done.wait()  # keep the stream open until the last response (closing it cancels the request)
+
+        call = self.client._client_stub.ModelStreamInfer(requests(), metadata=self.client._get_metadata(None),
+                                                         timeout=self.cfg.request_timeout_s)
+        try:
+            async for resp in call:
+                if resp.error_message:
+                    raise triton_error(resp.error_message)
+                ir = resp.infer_response
+                final = ("triton_final_response" in ir.parameters
+                         and ir.parameters["triton_final_response"].bool_param)
+                if ir.outputs:
+                    result = InferResult(ir)
+                    text = result.as_numpy("text_output")
+                    count = result.as_numpy("num_output_tokens")
+                    seq = result.as_numpy("sequence_index")
+                    yield Delta(0 if seq is None else int(seq.reshape(-1)[0]),
+                                "" if text is None else b"".join(
+                                    x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1)
+                                ).decode(errors="replace"),
+                                0 if count is None else int(count.reshape(-1).sum()))
+                if final:
+                    return
+        except APIError:
+            raise
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # grpc.aio.AioRpcError and friends: the server went away or timed out
+            details = getattr(exc, "details", lambda: str(exc))() or str(exc)
+            raise triton_error(f"unavailable: {details}") from exc
+        finally:
+            done.set()
+            call.cancel()  # a no-op once finished; otherwise Triton cancels the request
+
+
+# ---- the frontend --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Metrics:
+    """Counters for ``/metrics`` (Prometheus text exposition format 0.0.4)."""
+
+    requests: dict = field(default_factory=dict)  # (endpoint, status) -> count
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    inflight: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+    cancelled: int = 0
+
+    def count(self, endpoint: str, status: int) -> None:
+        self.requests[(endpoint, status)] = self.requests.get((endpoint, status), 0) + 1
+
+    def text(self) -> str:
+        lines = ["# HELP trtpipe_openai_requests_total Requests answered, by endpoint and HTTP status.",
+                 "# TYPE trtpipe_openai_requests_total counter"]
+        lines += [f'trtpipe_openai_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+                  for (e, s), n in sorted(self.requests.items())]
+        lines += ["# HELP trtpipe_openai_tokens_total Tokens: prompt (counted here), completion (the server's).",
+                  "# TYPE trtpipe_openai_tokens_total counter",
+                  f'trtpipe_openai_tokens_total{{kind="prompt"}} {self.prompt_tokens}',
+                  f'trtpipe_openai_tokens_total{{kind="completion"}} {self.completion_tokens}',
+                  "# HELP trtpipe_openai_inflight_requests Requests being answered now.",
+                  "# TYPE trtpipe_openai_inflight_requests gauge",
+                  f"trtpipe_openai_inflight_requests {self.inflight}",
+                  "# HELP trtpipe_openai_cancelled_total Requests whose client went away before the end.",
+                  "# TYPE trtpipe_openai_cancelled_total counter",
+                  f"trtpipe_openai_cancelled_total {self.cancelled}",
+                  "# HELP trtpipe_openai_time_to_first_token_seconds Time from request to first token.",
+                  "# TYPE trtpipe_openai_time_to_first_token_seconds summary",
+                  f"trtpipe_openai_time_to_first_token_seconds_sum {self.ttft_sum}",
+                  f"trtpipe_openai_time_to_first_token_seconds_count {self.ttft_count}"]
+        return "\n".join(lines) + "\n"
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+def _content_text(content) -> str:
+    """A message's content as text: a string, or the text parts of a content list (other parts refused)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise APIError(400, f"content part of type {part.get('type')!r}: this model takes text only",
+                           param="messages")
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
+    """The FastAPI application for ``cfg`` (``triton``: the client to use; default one on ``cfg.grpc_url``)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(cfg.tokenizer_dir), local_files_only=True)
+    metrics = Metrics()
+    app = FastAPI(title="trtpipe OpenAI-compatible frontend", docs_url=None, redoc_url=None)
+    created = int(time.time())
+    state: dict = {"triton": triton}
+
+    def backend() -> Triton:
+        if state["triton"] is None:
+            state["triton"] = Triton(cfg)
+        return state["triton"]
+
+    def error_response(endpoint: str, err: APIError):
+        metrics.count(endpoint, err.status)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return error_response(request.url.path, APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}",
+                                                         param=param))
+
+    @app.get("/health")
+    async def health():
+        ok = await backend().ready()
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.text(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": cfg.model, "object": "model", "created": created,
+                                            "owned_by": "trtpipe"}]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != cfg.model:
+            return error_response("/v1/models", APIError(404, f"model {model_id!r} not found: this server serves "
+                                                              f"{cfg.model!r}", param="model", code="model_not_found"))
+        return {"id": cfg.model, "object": "model", "created": created, "owned_by": "trtpipe"}
+
+    def prepare(body: _Body, prompt: str, chat: bool) -> tuple[int, int, list[str], dict]:
+        """Check the body against the model and the limits; return prompt tokens, max_tokens, stop, inputs."""
+        if body.model != cfg.model:
+            raise APIError(404, f"model {body.model!r} not found: this server serves {cfg.model!r}", param="model",
+                           code="model_not_found")
+        if body.logprobs:
+            raise APIError(400, "logprobs are not supported by this server", param="logprobs")
+        for key in ("tools", "functions", "tool_choice"):
+            if (body.model_extra or {}).get(key):
+                raise APIError(400, f"{key}: tool and function calling is not supported by this server", param=key)
+        fmt = (body.model_extra or {}).get("response_format")
+        if fmt and fmt.get("type", "text") != "text":
+            raise APIError(400, f"response_format {fmt.get('type')!r}: only text is supported by this server",
+                           param="response_format")
+        if body.n > cfg.max_n:
+            raise APIError(400, f"n = {body.n}: at most {cfg.max_n}", param="n")
+        n_prompt = len(tok.encode(prompt, add_special_tokens=cfg.add_special_tokens))
+        if n_prompt > cfg.max_input_len:
+            raise APIError(400, f"the prompt is {n_prompt} tokens; this model takes at most {cfg.max_input_len} "
+                                f"(max_input_len)", param="messages" if chat else "prompt",
+                           code="context_length_exceeded")
+        room = cfg.max_seq_len - n_prompt
+        asked = (getattr(body, "max_completion_tokens", None) or body.max_tokens) if chat else body.max_tokens
+        if asked is not None and asked > room:
+            raise APIError(400, f"max_tokens {asked} + prompt {n_prompt} tokens exceed the context of "
+                                f"{cfg.max_seq_len} (max_seq_len)", param="max_tokens",
+                           code="context_length_exceeded")
+        max_tokens = asked or (room if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room))
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        extra: dict = {}
+        temperature = 1.0 if body.temperature is None else body.temperature
+        if temperature == 0.0:
+            extra["top_k"] = 1  # greedy
+        else:
+            extra.update(temperature=temperature, top_p=1.0 if body.top_p is None else body.top_p)
+        if body.seed is not None:
+            extra["seed"] = body.seed
+        for key in ("presence_penalty", "frequency_penalty"):
+            if getattr(body, key) is not None:
+                extra[key] = getattr(body, key)
+        if body.n > 1:
+            extra["num_return_sequences"] = body.n
+        return n_prompt, max_tokens, stop, extra
+
+    async def run(request: Request, endpoint: str, body: _Body, prompt: str, chat: bool):
+        try:
+            n_prompt, max_tokens, stop, extra = prepare(body, prompt, chat)
+        except APIError as err:
+            return error_response(endpoint, err)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        obj = "chat.completion" if chat else "text_completion"
+        t0 = time.perf_counter()
+        stream = backend().generate(prompt, max_tokens, stop, extra)
+        metrics.inflight += 1
+        try:  # the first response decides the status code: an error before any token is a plain HTTP error
+            first = await stream.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except APIError as err:
+            metrics.inflight -= 1
+            return error_response(endpoint, err)
+        except asyncio.CancelledError:
+            metrics.inflight -= 1
+            raise
+        metrics.ttft_sum += time.perf_counter() - t0
+        metrics.ttft_count += 1
+        metrics.prompt_tokens += n_prompt
+
+        async def deltas():
+            if first is not None:
+                yield first
+            async for d in stream:
+                yield d
+
+        def finish(tokens: int) -> str:
+            return "length" if tokens >= max_tokens else "stop"
+
+        def usage(completion: int) -> dict:
+            return {"prompt_tokens": n_prompt, "completion_tokens": completion, "total_tokens": n_prompt + completion}
+
+        if not body.stream:
+            texts, counts = [""] * body.n, [0] * body.n
+            try:
+                async for d in _until_disconnect(request, deltas()):
+                    texts[d.index] += d.text
+                    counts[d.index] += d.tokens
+            except APIError as err:
+                metrics.inflight -= 1
+                return error_response(endpoint, err)
+            except _Disconnected:
+                metrics.inflight -= 1
+                metrics.cancelled += 1
+                return JSONResponse({}, status_code=499)
+            metrics.inflight -= 1
+            metrics.completion_tokens += sum(counts)
+            metrics.count(endpoint, 200)
+            if chat:
+                choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": None,
+                            "finish_reason": finish(counts[i])} for i in range(body.n)]
+            else:
+                choices = [{"index": i, "text": texts[i], "logprobs": None, "finish_reason": finish(counts[i])}
+                           for i in range(body.n)]
+            return {"id": rid, "object": obj, "created": int(time.time()), "model": cfg.model, "choices": choices,
+                    "usage": usage(sum(counts))}
+
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+
+        def chunk(index: int, text: Optional[str], reason: Optional[str], role: bool = False) -> dict:
+            if chat:
+                delta = ({"role": "assistant", "content": ""} if role else
+                         ({} if text is None else {"content": text}))
+                choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+            else:
+                choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+            out = {"id": rid, "object": chunk_obj, "created": int(time.time()), "model": cfg.model,
+                   "choices": [choice]}
+            if include_usage:
+                out["usage"] = None
+            return out
+
+        async def events():
+            counts = [0] * body.n
+            finished = False
+            try:
+                if chat:
+                    for i in range(body.n):
+                        yield _sse(chunk(i, None, None, role=True))
+                async for d in deltas():
+                    counts[d.index] += d.tokens
+                    if d.text:
+                        yield _sse(chunk(d.index, d.text, None))
+                for i in range(body.n):
+                    yield _sse(chunk(i, None if chat else "", finish(counts[i])))
+                if include_usage:
+                    yield _sse({"id": rid, "object": chunk_obj, "created": int(time.time()), "model": cfg.model,
+                                "choices": [], "usage": usage(sum(counts))})
+                yield b"data: [DONE]\n\n"
+                finished = True
+                metrics.count(endpoint, 200)
+            except APIError as err:  # after the first token: the status is sent already, the error goes in the stream
+                metrics.count(endpoint, err.status)
+                yield _sse(err.body())
+                yield b"data: [DONE]\n\n"
+                finished = True
+            finally:
+                metrics.inflight -= 1
+                metrics.completion_tokens += sum(counts)
+                if not finished:  # the client went away: the generator was closed, the gRPC stream cancelled
+                    metrics.cancelled += 1
+                    await stream.aclose()
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        try:
+            body = ChatBody.model_validate(await _json(request))
+            prompt = tok.apply_chat_template(
+                [{"role": m.role if m.role != "developer" else "system", "content": _content_text(m.content)}
+                 for m in body.messages], add_generation_prompt=True, tokenize=False) \
+                if tok.chat_template else "\n".join(_content_text(m.content) for m in body.messages)
+        except APIError as err:
+            return error_response("/v1/chat/completions", err)
+        except ValidationError as exc:
+            return error_response("/v1/chat/completions", _validation_error(exc))
+        return await run(request, "/v1/chat/completions", body, prompt, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        try:
+            body = CompletionBody.model_validate(await _json(request))
+            prompt = body.prompt
+            if isinstance(prompt, list):
+                if len(prompt) != 1 or not isinstance(prompt[0], str):
+                    raise APIError(400, "prompt: one string per request (send several requests for several "
+                                        "prompts)", param="prompt")
+                prompt = prompt[0]
+            if body.echo or body.suffix:
+                raise APIError(400, f"{'echo' if body.echo else 'suffix'} is not supported by this server",
+                               param="echo" if body.echo else "suffix")
+        except APIError as err:
+            return error_response("/v1/completions", err)
+        except ValidationError as exc:
+            return error_response("/v1/completions", _validation_error(exc))
+        return await run(request, "/v1/completions", body, prompt, chat=False)
+
+    return app
+
+
+class _Disconnected(Exception):
+    """The HTTP client went away before the answer was complete."""
+
+
+async def _until_disconnect(request, items: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """``items`` until they end, or raise _Disconnected as soon as the client disconnects (closing ``items``,
+    which cancels the request in Triton)."""
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    it = items.__aiter__()
+    try:
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if nxt in done:
+                try:
+                    yield nxt.result()
+                except StopAsyncIteration:
+                    return
+            else:
+                nxt.cancel()
+                raise _Disconnected()
+    finally:
+        watcher.cancel()
+        await it.aclose()
+
+
+async def _wait_disconnect(request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _json(request) -> dict:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+def _validation_error(exc: ValidationError) -> APIError:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first.get("loc", ())) or None
+    return APIError(400, f"{param}: {first.get('msg')}" + (f" (got {first['input']!r})" if "input" in first and
+                                                             not isinstance(first["input"], dict) else ""),
+                    param=param)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pipeline.openai_frontend",
+                                description="OpenAI-compatible HTTP frontend in front of Triton's BLS model "
+                                            "(started by `trtpipe serve`).")
+    p.add_argument("--grpc-url", required=True, help="Triton gRPC host:port")
+    p.add_argument("--model", required=True, help="the served model id (clients name it in `model`)")
+    p.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder (the build's engine/)")
+    p.add_argument("--max-input-len", type=int, required=True)
+    p.add_argument("--max-seq-len", type=int, required=True)
+    p.add_argument("--add-special-tokens", action="store_true", help="count prompt tokens with special tokens")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
+    args = p.parse_args(argv)
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = FrontendConfig(args.grpc_url, args.model, args.tokenizer, args.max_input_len, args.max_seq_len,
+                         args.add_special_tokens, max_n=args.max_n)
+    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

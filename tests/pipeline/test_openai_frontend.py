@@ -1,0 +1,213 @@
+"""The OpenAI-compatible frontend against the real tritonserver serving the default build, through the official
+``openai`` client (sync, async, streaming) and raw HTTP: answers, usage counts, errors with the server alive
+afterwards, and a client that goes away mid-stream freeing its KV blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from pipeline.openai_frontend import APIError, triton_error
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "smollm2-135m"
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def frontend(default_server, built_default, tmp_path_factory):
+    from builders.spec import load_spec
+    from pipeline.serve import OpenAIFrontend, free_ports, frontend_launch
+    from tests.conftest import DEFAULT_BUILD
+
+    build = load_spec(DEFAULT_BUILD, "cpu")
+    launch = frontend_launch(build, default_server.cfg, free_ports(1)[0], built_default / "engine")
+    launch.log_file = tmp_path_factory.mktemp("frontend") / "openai_frontend.log"
+    fe = OpenAIFrontend(launch).start()
+    yield fe
+    fe.stop(10)
+
+
+@pytest.fixture
+def client(frontend):
+    import openai
+
+    return openai.OpenAI(base_url=frontend.launch.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _metric(url: str, name: str, label: str = "") -> float:
+    for line in urllib.request.urlopen(url, timeout=10).read().decode().splitlines():
+        if line.startswith(name) and label in line and not line.startswith("#"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} {label} not exported by {url}")
+
+
+def test_chat_answers_and_usage_counts_are_the_servers(client, default_server, built_default):
+    from pipeline.client import format_chat, stream_generate
+    from transformers import AutoTokenizer
+
+    r = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
+    assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
+    assert r.object == "chat.completion" and r.model == MODEL and r.id.startswith("chatcmpl-")
+    prompt = format_chat(built_default / "engine", QUESTION[0]["content"])
+    direct = list(stream_generate(default_server.cfg.grpc_url, prompt, 24))
+    assert r.usage.completion_tokens == sum(c.num_tokens for c in direct)  # the server's own count
+    assert r.choices[0].message.content == "".join(c.text for c in direct)
+    tok = AutoTokenizer.from_pretrained(str(built_default / "engine"))
+    assert r.usage.prompt_tokens == len(tok.encode(prompt, add_special_tokens=True))
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_streaming_chat_sends_openai_chunks_and_usage_last(client):
+    whole = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and len([c for c in chunks if c.choices]) > 3
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert reasons[-1] == "stop" and set(reasons[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_completions_length_limit_seed_and_n(client):
+    r = client.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    sampled = [client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=12, temperature=1.0,
+                                         seed=7).choices[0].text for _ in range(2)]
+    assert sampled[0] == sampled[1]  # the seed reaches the sampler
+    many = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, n=2, temperature=1.0,
+                                     seed=3)
+    assert sorted(c.index for c in many.choices) == [0, 1] and many.usage.completion_tokens == 16
+
+
+def test_stop_sequences_end_the_answer(client):
+    r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=30, temperature=0, stop=[" 7"])
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens < 30
+
+
+def test_async_streaming_completions(frontend):
+    import openai
+
+    async def go():
+        async with openai.AsyncOpenAI(base_url=frontend.launch.url + "/v1", api_key="unused") as c:
+            pieces = []
+            async for chunk in await c.completions.create(model=MODEL, prompt="The capital of France is",
+                                                          max_tokens=6, temperature=0, stream=True):
+                pieces.append(chunk.choices[0].text)
+            models = await c.models.list()
+            return "".join(pieces), [m.id for m in models.data]
+
+    text, models = asyncio.run(go())
+    assert "Paris" in text and models == [MODEL]
+
+
+@pytest.mark.parametrize("kwargs,status,param", [
+    (dict(model="no-such-model"), 404, "model"),
+    (dict(temperature=5.0), 400, "temperature"),
+    (dict(max_tokens=0), 400, "max_tokens"),
+    (dict(max_tokens=5000), 400, "max_tokens"),
+    (dict(logprobs=True), 400, "logprobs"),
+    (dict(n=99), 400, "n"),
+    (dict(messages=[{"role": "user", "content": "word " * 1500}]), 400, "messages"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), 400, "tools"),
+])
+def test_errors_are_openai_errors_and_the_server_keeps_serving(client, kwargs, status, param):
+    import openai
+
+    args = {"model": MODEL, "messages": QUESTION, "max_tokens": 8, **kwargs}
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(**args)
+    assert err.value.status_code == status
+    body = err.value.body
+    assert body["param"] == param and body["type"] == "invalid_request_error" and body["message"]
+    assert "Paris" in client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=16,
+                                                     temperature=0).choices[0].message.content
+
+
+def test_bad_json_and_unknown_route(frontend):
+    conn = http.client.HTTPConnection("127.0.0.1", frontend.launch.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", body=b"{not json", headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 400 and "not JSON" in json.loads(resp.read())["error"]["message"]
+    conn.request("GET", "/v1/models/other")
+    resp = conn.getresponse()
+    assert resp.status == 404 and json.loads(resp.read())["error"]["code"] == "model_not_found"
+
+
+def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_blocks(frontend, default_server):
+    metrics = f"http://127.0.0.1:{default_server.cfg.metrics_port}/metrics"
+    total = _metric(metrics, "trtpipe_runtime_kv_cache_blocks", 'state="total"')
+    cancelled = _metric(metrics, "trtpipe_runtime_total", 'kind="cancelled"')
+    conn = http.client.HTTPConnection("127.0.0.1", frontend.launch.port, timeout=120)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 1500,
+            "temperature": 0, "stream": True}
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    seen = 0
+    while seen < 6:  # some tokens arrive: the request holds KV blocks
+        if resp.readline().startswith(b"data: "):
+            seen += 1
+    assert _metric(metrics, "trtpipe_runtime_kv_cache_blocks", 'state="free"') < total
+    conn.sock.close()  # the client goes away
+    conn.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (
+            _metric(metrics, "trtpipe_runtime_kv_cache_blocks", 'state="free"') == total
+            and _metric(metrics, "trtpipe_runtime_requests", 'state="inflight"') == 0):
+        time.sleep(0.2)
+    assert _metric(metrics, "trtpipe_runtime_kv_cache_blocks", 'state="free"') == total, "blocks not given back"
+    # by the cancellation, not by running on to 1500 tokens (minutes on CPU)
+    assert _metric(metrics, "trtpipe_runtime_total", 'kind="cancelled"') == cancelled + 1
+    assert _metric(frontend.launch.url + "/metrics", "trtpipe_openai_cancelled_total") >= 1
+    urllib.request.urlopen(frontend.launch.url + "/health", timeout=10)  # 200: still serving
+
+
+def test_frontend_without_triton_answers_503(built_default, tmp_path):
+    """Triton down: /health and requests answer 503 (not a hang, not a 500)."""
+    from pipeline.serve import FrontendLaunch, OpenAIFrontend, free_ports
+
+    dead, port = free_ports(2)
+    launch = FrontendLaunch(f"127.0.0.1:{dead}", MODEL, built_default / "engine", 1024, 2048, True, port=port,
+                            log_file=tmp_path / "fe.log")
+    fe = OpenAIFrontend(launch)
+    fe._spawn(launch.argv(), dict(__import__("os").environ), False)
+    try:
+        deadline = time.monotonic() + 60
+        status = None
+        while time.monotonic() < deadline and status is None:
+            try:
+                urllib.request.urlopen(launch.url + "/health", timeout=5)
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            except OSError:
+                time.sleep(0.3)
+        assert status == 503
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", body=json.dumps({"model": MODEL, "messages": QUESTION}),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 503 and json.loads(resp.read())["error"]["code"] == "unavailable"
+    finally:
+        fe.stop(10)
+
+
+@pytest.mark.parametrize("message,status", [
+    ("prompt 2000 + request_output_len 8 exceeds max_input_len 1024 / max_seq_len 2048", 400),
+    ("Exceeds maximum queue size", 503),
+    ("failed to connect to all addresses", 503),
+    ("top_p = 1.5: must be in [0, 1]", 400),
+    ("generation failed: CUDA error", 500),
+])
+def test_triton_errors_map_to_http_statuses(message, status):
+    err = triton_error(message)
+    assert isinstance(err, APIError) and err.status == status and message in err.message
