@@ -82,6 +82,10 @@ class _Body(BaseModel):
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     logprobs: Optional[Union[bool, int]] = None
+    ignore_eos: bool = False
+    """vLLM's extension (``vllm bench serve --ignore-eos``, aiperf): generate max_tokens whatever the model says."""
+    min_tokens: Optional[int] = Field(None, ge=0)
+    """vLLM's extension: generate at least this many tokens."""
 
 
 class _Message(BaseModel):
@@ -342,9 +346,7 @@ def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         extra: dict = {}
         temperature = 1.0 if body.temperature is None else body.temperature
-        if temperature == 0.0:
-            extra["top_k"] = 1  # greedy
-        else:
+        if temperature > 0.0:  # 0: nothing sent, the runtimes' default is greedy (top_k and top_p unset)
             extra.update(temperature=temperature, top_p=1.0 if body.top_p is None else body.top_p)
         if body.seed is not None:
             extra["seed"] = body.seed
@@ -353,6 +355,10 @@ def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
                 extra[key] = getattr(body, key)
         if body.n > 1:
             extra["num_return_sequences"] = body.n
+        if body.ignore_eos:
+            extra["end_id"] = len(tok)  # an id past the vocabulary is never generated: runs to max_tokens
+        if body.min_tokens:
+            extra["min_tokens"] = body.min_tokens
         return n_prompt, max_tokens, stop, extra
 
     async def run(request: Request, endpoint: str, body: _Body, prompt: str, chat: bool):
@@ -566,12 +572,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
+    p.add_argument("--triton-model", default="tensorrt_llm_bls", help="the Triton model requests go to (default "
+                   "tensorrt_llm_bls: it forwards cancellation; `ensemble` does not)")
     args = p.parse_args(argv)
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = FrontendConfig(args.grpc_url, args.model, args.tokenizer, args.max_input_len, args.max_seq_len,
-                         args.add_special_tokens, max_n=args.max_n)
+                         args.add_special_tokens, triton_model=args.triton_model, max_n=args.max_n)
     uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -69,8 +70,32 @@ def check_server(cfg: LoadTestConfig) -> dict:
     return {"name": cfg.model, "inputs": inputs, "outputs": outputs, "versions": md.get("versions", [])}
 
 
+def check_openai(cfg: LoadTestConfig) -> dict:
+    """The OpenAI server answers ``GET /models`` and serves ``cfg.model`` (default: the first model it lists);
+    returns {"name": the model id, "models": every id}."""
+    import urllib.error
+    import urllib.request
+
+    url = cfg.url.rstrip("/") + "/models"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            ids = [m["id"] for m in json.loads(resp.read()).get("data", [])]
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        raise LoadTestError(f"cannot list models at {url} ({exc}): is an OpenAI-compatible server running there "
+                            "(`trtpipe serve` starts one on serving.openai_port)?") from exc
+    if not ids:
+        raise LoadTestError(f"{url} lists no model")
+    if cfg.model in ("", "ensemble"):  # the Triton default: take the server's model
+        cfg.model = ids[0]
+    if cfg.model not in ids:
+        raise LoadTestError(f"model '{cfg.model}' is not served at {cfg.url} (it serves {ids}): pass --model")
+    return {"name": cfg.model, "models": ids, "inputs": [], "outputs": []}
+
+
 def _inputs(cfg: LoadTestConfig, meta: dict, vocab_size: int | None) -> dict:
     inputs: dict = {}
+    if cfg.endpoint != "triton":  # only the output-length fix crosses the OpenAI API (as ignore_eos)
+        return {"end_id": 0} if cfg.fixed_output == "ignore_eos" else {}
     if cfg.perf_metrics and "return_perf_metrics" in meta["inputs"]:
         inputs["return_perf_metrics"] = True
     if cfg.fixed_output == "min_tokens":
@@ -93,7 +118,8 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict)
         wl = from_jsonl(cfg.dataset, n + cfg.warmup, cfg.output_len, tokenizer, seed=seed)
     else:  # unique prompts across points too (offset), so no point reuses another's KV blocks
         wl = synthetic(n + cfg.warmup, cfg.input_len, cfg.output_len, tokenizer, seed=seed,
-                       offset=k * (n + cfg.warmup))
+                       offset=k * (n + cfg.warmup), shared_prefixes=cfg.shared_prefixes,
+                       shared_prefix_len=cfg.shared_prefix_len)
     warm, reqs = wl.requests[:cfg.warmup], wl.requests[cfg.warmup:]
     offsets = (arrival_offsets(point["rate"], n, burstiness=cfg.burstiness, seed=seed)
                if point["mode"] == "open" else [0.0] * n)
@@ -103,7 +129,7 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict)
     plans = [ProcPlan(cfg.url, cfg.model, point["mode"], part, concurrency=max(1, conc // procs + (j < conc % procs)),
                       connections=cfg.connections, duration_s=cfg.duration_s,
                       request_timeout_s=cfg.request_timeout_s, drain_timeout_s=cfg.drain_timeout_s,
-                      inputs=inputs, warmup=_split(warm, procs)[j])
+                      inputs=inputs, warmup=_split(warm, procs)[j], endpoint=cfg.endpoint)
              for j, part in enumerate(_split(items, procs))]
     log.info("point %d: %s, %d requests in %d process(es) x %d stream(s)", k, point, n, procs, cfg.connections)
     with Sampler(cfg.metrics_url) as sampler:
@@ -146,7 +172,7 @@ def run_loadtest(cfg: LoadTestConfig, *, manifest: dict | None = None) -> dict:
     problems = cfg.problems()
     if problems:
         raise LoadTestError("bad load-test arguments:\n  - " + "\n  - ".join(problems))
-    meta = check_server(cfg)
+    meta = check_server(cfg) if cfg.endpoint == "triton" else check_openai(cfg)
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
     inputs = _inputs(cfg, meta, getattr(tokenizer, "vocab_size", None))
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")

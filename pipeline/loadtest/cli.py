@@ -32,7 +32,11 @@ def add_loadtest_parser(sub, add_build_args) -> None:
                                                "started here on free ports when not running)")
     g.add_argument("--metrics-url", default=None, help="Triton metrics URL (http://host:port/metrics)")
     g.add_argument("--model-repo", type=Path, default=None, help="start a server on this repository instead")
-    g.add_argument("--model", default="ensemble", help="model name (default ensemble)")
+    g.add_argument("--model", default="ensemble", help="model name (default ensemble; OpenAI endpoints: the "
+                   "server's model)")
+    g.add_argument("--endpoint", choices=("triton", "openai-chat", "openai-completions"), default="triton",
+                   help="what to load: Triton's ensemble over gRPC (default), or an OpenAI-compatible server's "
+                        "/v1/chat/completions or /v1/completions (--url: its base URL, e.g. http://host:9000/v1)")
     g = r.add_argument_group("load shape (one of --concurrency / --rate; comma lists sweep)")
     g.add_argument("--concurrency", default=None, help="closed loop: requests in flight, e.g. 1,2,4 (default 1)")
     g.add_argument("--rate", default=None, help="open loop: requests/s, e.g. 0.5,1,2")
@@ -48,6 +52,10 @@ def add_loadtest_parser(sub, add_build_args) -> None:
     g = r.add_argument_group("workload")
     g.add_argument("--input-len", default="128", help="synthetic input tokens: N | uniform:LO:HI | normal:MEAN:STD")
     g.add_argument("--output-len", default="32", help="max_tokens: N | uniform:LO:HI | normal:MEAN:STD")
+    g.add_argument("--shared-prefixes", type=int, default=0, help="N distinct shared prefixes (system prompts); "
+                   "request i starts with prefix i mod N (prefix caching runs; default 0: none)")
+    g.add_argument("--shared-prefix-len", type=int, default=1000, help="tokens of each shared prefix "
+                   "(default 1000)")
     g.add_argument("--dataset", type=Path, default=None, help="JSONL of prompts ({\"prompt\": ..., "
                                                                "optional \"output_len\"}) instead of synthetic")
     g.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default: engine/ beside the "
@@ -102,7 +110,9 @@ def _config(args, url: str, metrics_url: str | None, tokenizer: Path | None):
     except ValueError as exc:
         raise PipelineError(f"--concurrency/--rate: comma-separated numbers expected ({exc})") from exc
     return LoadTestConfig(
-        url=url, metrics_url=metrics_url, model=args.model, mode="open" if rate else "closed",
+        url=url, endpoint=args.endpoint, shared_prefixes=args.shared_prefixes,
+        shared_prefix_len=args.shared_prefix_len, metrics_url=metrics_url, model=args.model,
+        mode="open" if rate else "closed",
         concurrency=conc or [1], rate=rate or [1.0], burstiness=args.burstiness, num_requests=args.num_requests,
         duration_s=args.duration, warmup=args.warmup, input_len=args.input_len, output_len=args.output_len,
         dataset=args.dataset, tokenizer_dir=tokenizer,
@@ -132,18 +142,34 @@ def cmd_run(args) -> int:
             from pipeline.serve import running_from_state
 
             info = running_from_state(out_root / "server.json")
-            if info and "grpc" not in info:
+            openai = args.endpoint != "triton"
+            if info and openai:
+                base = (info.get("openai") or {}).get("url") or (
+                    f"http://{info['http']}" if info.get("server") == "trtllm-serve" else None)
+                if base is None:
+                    raise PipelineError(f"the server recorded in {out_root / 'server.json'} runs without the OpenAI "
+                                        "frontend (serve --no-openai): restart it without that flag, or pass --url")
+                url = base.rstrip("/") + ("" if base.rstrip("/").endswith("/v1") else "/v1")
+                log.info("using the running OpenAI API recorded in %s (%s)", out_root / "server.json", url)
+            elif info and "grpc" not in info:
                 raise PipelineError(f"the server recorded in {out_root / 'server.json'} is {info.get('server')} "
-                                    "(OpenAI API), not tritonserver: the load tester drives Triton's ensemble over "
-                                    "gRPC; `trtpipe stop` it and rerun, or pass --url of a Triton server")
-            if info:
+                                    "(OpenAI API), not tritonserver: pass --endpoint openai-chat (or "
+                                    "openai-completions) to load it, or `trtpipe stop` it and rerun")
+            elif info:
                 url, metrics_url = info["grpc"], metrics_url or f"http://127.0.0.1:{info['metrics_port']}/metrics"
                 log.info("using the running server recorded in %s (%s)", out_root / "server.json", url)
         if repo is not None and not (Path(repo) / "ensemble" / "config.pbtxt").is_file() and url is None:
             raise PipelineError(f"{repo} is not a model repository (ensemble/config.pbtxt missing): run "
                                 "`make build-engine` first, or pass --url of a running server")
         if url is None:
-            url, metrics_url = stack.enter_context(serve_repository(Path(repo)))
+            frontend = None
+            if args.endpoint != "triton":  # a frontend beside the server, as `trtpipe serve` starts it
+                from builders.layout import resolve_build
+
+                frontend = resolve_build(args.build, args.target, args.quant, getattr(args, "runtime", None))
+            url, metrics_url, *openai_url = stack.enter_context(serve_repository(Path(repo), frontend_for=frontend))
+            if openai_url:
+                url = openai_url[0]
         tokenizer = args.tokenizer or (Path(repo).parent / "engine" if repo is not None else None)
         cfg = _config(args, url, metrics_url, tokenizer)
         manifest_path = Path(repo).parent / "manifest.json" if repo is not None else None

@@ -10,13 +10,17 @@ from pipeline.loadtest.metrics import SLO
 from pipeline.loadtest.workload import parse_length
 
 MODES = ("closed", "open")
+ENDPOINTS = ("triton", "openai-chat", "openai-completions")
 FIXED_OUTPUT = ("none", "min_tokens", "ignore_eos")
 
 
 @dataclass
 class LoadTestConfig:
     url: str = "127.0.0.1:8001"
-    """gRPC host:port of the server."""
+    """The server: gRPC host:port (endpoint triton), or the OpenAI API's base URL (http://host:port/v1)."""
+    endpoint: str = "triton"
+    """triton (the ensemble over gRPC), openai-chat (/v1/chat/completions) or openai-completions
+    (/v1/completions), streamed; OpenAI token counts come from the stream's ``usage``."""
     metrics_url: str | None = None
     """Triton's Prometheus endpoint (http://host:port/metrics); None = not scraped."""
     model: str = "ensemble"
@@ -41,6 +45,10 @@ class LoadTestConfig:
     """max_tokens per request: N, uniform:LO:HI or normal:MEAN:STD."""
     dataset: Path | None = None
     """JSONL of real prompts instead of synthetic ones."""
+    shared_prefixes: int = 0
+    """synthetic: N distinct shared prefixes (system prompts), request i taking prefix i mod N (0: none)."""
+    shared_prefix_len: int = 1000
+    """tokens of each shared prefix."""
     tokenizer_dir: Path | None = None
     """served tokenizer (default: the engine folder beside the repository)."""
     fixed_output: str = "none"
@@ -100,6 +108,19 @@ class LoadTestConfig:
             v = getattr(self.slo, name)
             if v is not None and not v > 0:
                 p.append(f"slo {name} = {v}: must be > 0 seconds")
+        if self.endpoint not in ENDPOINTS:
+            p.append(f"endpoint = {self.endpoint!r}: must be one of {ENDPOINTS}")
+        elif self.endpoint != "triton" and not self.url.startswith(("http://", "https://")):
+            p.append(f"url = {self.url!r}: endpoint {self.endpoint} takes the OpenAI API's base URL, e.g. "
+                     "http://127.0.0.1:9000/v1")
+        if self.endpoint != "triton" and self.fixed_output == "min_tokens":
+            p.append("fixed_output = min_tokens: use --ignore-eos with the OpenAI endpoints (the ignore_eos "
+                     "extension vLLM's benchmark sends)")
+        if self.shared_prefixes < 0 or (self.shared_prefixes and self.shared_prefix_len < 1):
+            p.append(f"shared_prefixes = {self.shared_prefixes}, shared_prefix_len = {self.shared_prefix_len}: "
+                     "need N >= 0 prefixes of >= 1 token")
+        if self.shared_prefixes and self.dataset is not None:
+            p.append("shared_prefixes with a dataset: the shared-prefix workload is synthetic; drop one")
         if self.dataset is not None and not Path(self.dataset).is_file():
             p.append(f"dataset = {self.dataset}: file not found")
         return p

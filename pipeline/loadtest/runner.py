@@ -45,6 +45,7 @@ class ProcPlan:
     drain_timeout_s: float = 60.0
     inputs: dict = field(default_factory=dict)  # end_id / min_tokens / return_perf_metrics
     warmup: list[RequestSpec] = field(default_factory=list)
+    endpoint: str = "triton"  # or openai-chat / openai-completions (pipeline.loadtest.openai_client)
 
 
 @dataclass
@@ -74,7 +75,7 @@ def build_request(model: str, rid: str, spec: RequestSpec, inputs: dict):
     extra = {k: v for k, v in inputs.items() if k not in ("end_id", "return_perf_metrics")}
     if "min_tokens" in extra:
         extra["min_tokens"] = int(spec.max_tokens)
-    ins = build_inputs(spec.prompt, spec.max_tokens, stream=True, end_id=inputs.get("end_id"),
+    ins = build_inputs(spec.text, spec.max_tokens, stream=True, end_id=inputs.get("end_id"),
                        perf_metrics=bool(inputs.get("return_perf_metrics")), extra=extra)
     outs = [grpcclient.InferRequestedOutput("num_output_tokens")]
     if inputs.get("return_perf_metrics"):
@@ -177,15 +178,31 @@ class Connection:
         await self.client.close()
 
 
+def _connection(plan: ProcPlan):
+    if plan.endpoint == "triton":
+        return Connection(plan.url)
+    from pipeline.loadtest.openai_client import OpenAIConnection
+
+    return OpenAIConnection(plan.url, chat=plan.endpoint == "openai-chat")
+
+
+def _payload(plan: ProcPlan, rid: str, spec: RequestSpec):
+    if plan.endpoint == "triton":
+        return build_request(plan.model, rid, spec, plan.inputs)
+    from pipeline.loadtest.openai_client import openai_body
+
+    return openai_body(plan.endpoint, plan.model, rid, spec, plan.inputs)
+
+
 async def _run(plan: ProcPlan, t0: float | None = None, ready=None) -> ProcResult:
-    conns = [Connection(plan.url) for _ in range(max(plan.connections, 1))]
+    conns = [_connection(plan) for _ in range(max(plan.connections, 1))]
     for c in conns:
         c.open()
-    protos = [build_request(plan.model, str(i), spec, plan.inputs) for i, _, spec in plan.items]
+    protos = [_payload(plan, str(i), spec) for i, _, spec in plan.items]
     # Warm-up: excluded from statistics, run before the clock starts.
     warm = [RequestRecord(-1 - k, 0.0, warmup=True, requested_tokens=s.max_tokens, input_tokens=s.input_tokens)
             for k, s in enumerate(plan.warmup)]
-    wprotos = [build_request(plan.model, f"w{k}", s, plan.inputs) for k, s in enumerate(plan.warmup)]
+    wprotos = [_payload(plan, f"w{k}", s) for k, s in enumerate(plan.warmup)]
     for start in range(0, len(warm), max(plan.concurrency, 1)):
         batch = range(start, min(start + max(plan.concurrency, 1), len(warm)))
         for k in batch:  # their times read as seconds before the measured run's t0 (negative) in the report

@@ -26,23 +26,33 @@ DEFAULT_RATES = (25.0, 50.0, 100.0, 200.0, 400.0)
 
 
 @contextlib.contextmanager
-def serve_repository(repo: Path, ready_timeout_s: float = 600.0,
-                     log_dir: Path | None = None) -> Iterator[tuple[str, str]]:
-    """Start tritonserver on ``repo`` on free ports; yield (gRPC url, metrics url); always stop it.
+def serve_repository(repo: Path, ready_timeout_s: float = 600.0, log_dir: Path | None = None,
+                     frontend_for=None) -> Iterator[tuple[str, ...]]:
+    """Start tritonserver on ``repo`` on free ports; yield (gRPC url, metrics url); always stop it. With
+    ``frontend_for`` (the build), the OpenAI frontend too, and its base URL (``http://host:port/v1``) third.
 
-    The server log goes to ``log_dir`` (default: the temp folder), never into the repository's build folder.
+    The logs go to ``log_dir`` (default: the temp folder), never into the repository's build folder.
     """
     from model_repo.generate import default_sys_path
-    from pipeline.serve import ServerConfig, TritonServer, free_ports
+    from pipeline.serve import OpenAIFrontend, ServerConfig, TritonServer, free_ports, frontend_launch
 
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics, openai = free_ports(4)
+    logs = Path(log_dir or tempfile.gettempdir())
     cfg = ServerConfig(Path(repo), http, grpc, metrics, python_path=default_sys_path(),
-                       log_file=Path(log_dir or tempfile.gettempdir()) / f"tritonserver-{grpc}.log",
-                       ready_timeout_s=ready_timeout_s)
+                       log_file=logs / f"tritonserver-{grpc}.log", ready_timeout_s=ready_timeout_s)
     server = TritonServer(cfg).start()
+    frontend = None
     try:
-        yield cfg.grpc_url, f"http://{cfg.address}:{metrics}/metrics"
+        if frontend_for is not None:
+            launch = frontend_launch(frontend_for, cfg, openai, Path(repo).parent / "engine")
+            launch.log_file = logs / f"openai_frontend-{openai}.log"
+            frontend = OpenAIFrontend(launch).start()
+            yield cfg.grpc_url, f"http://{cfg.address}:{metrics}/metrics", launch.url + "/v1"
+        else:
+            yield cfg.grpc_url, f"http://{cfg.address}:{metrics}/metrics"
     finally:
+        if frontend is not None:
+            frontend.stop(10)
         server.stop()
 
 

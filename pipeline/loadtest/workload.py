@@ -31,6 +31,14 @@ class RequestSpec:
     prompt: str
     input_tokens: int
     max_tokens: int
+    shared_prefix: str = ""
+    """Text every request of its group starts with (the shared-prefix workload): the chat endpoint sends it as the
+    system message, the others put it before ``prompt``. ``input_tokens`` counts both."""
+
+    @property
+    def text(self) -> str:
+        """The whole prompt as one text (what the Triton and completions endpoints send)."""
+        return self.shared_prefix + self.prompt
 
 
 @dataclass
@@ -76,8 +84,9 @@ class WordTokenizer:
     def count(self, text: str) -> int:
         return len(text.split())
 
-    def synth(self, index: int, n: int, rng: np.random.Generator) -> str:
-        words = [f"request-{index}"] + [WORDS[i] for i in rng.integers(0, len(WORDS), size=max(n - 1, 0))]
+    def synth(self, index: int, n: int, rng: np.random.Generator, lead: str | None = None) -> str:
+        head = (lead or f"request-{index}").split()
+        words = head + [WORDS[i] for i in rng.integers(0, len(WORDS), size=max(n - len(head), 0))]
         return " ".join(words[:max(n, 1)])
 
 
@@ -102,8 +111,10 @@ class HFTokenizer:
     def count(self, text: str) -> int:
         return len(self.tok.encode(text, add_special_tokens=True))
 
-    def synth(self, index: int, n: int, rng: np.random.Generator) -> str:
-        prefix = f"Request {index}:"
+    def synth(self, index: int, n: int, rng: np.random.Generator, lead: str | None = None) -> str:
+        """About ``n`` tokens (exactly, but for tiny ``n``): ``lead`` (default ``Request <index>:``), then random
+        whole words."""
+        prefix = lead or f"Request {index}:"
         ids = list(rng.choice(self.pool, size=max(n, 1)))
         text = prefix
         for _ in range(4):  # trim until the re-encoded prompt has exactly n tokens (or fewer when n is tiny)
@@ -123,16 +134,33 @@ def load_tokenizer(folder: Path | None):
     return WordTokenizer()
 
 
-def synthetic(n: int, input_len: str, output_len: str, tokenizer, seed: int = 0, offset: int = 0) -> Workload:
-    """``n`` unique prompts with lengths drawn from ``input_len``/``output_len`` (see :func:`parse_length`)."""
+def synthetic(n: int, input_len: str, output_len: str, tokenizer, seed: int = 0, offset: int = 0,
+              shared_prefixes: int = 0, shared_prefix_len: int = 0) -> Workload:
+    """``n`` unique prompts with lengths drawn from ``input_len``/``output_len`` (see :func:`parse_length`).
+
+    With ``shared_prefixes`` N > 0, request i starts with prefix i mod N, one of N distinct texts of
+    ``shared_prefix_len`` tokens (a system prompt: what prefix caching reuses), then its unique part of
+    ``input_len`` tokens. The prefixes do not depend on ``seed``: every point and every run shares them.
+    """
     rng = np.random.default_rng(seed)
     ins, outs = sample_lengths(input_len, n, rng), sample_lengths(output_len, n, rng)
+    prefixes = [_prefix(tokenizer, j, shared_prefix_len) for j in range(shared_prefixes)]
     reqs = []
     for i, (a, b) in enumerate(zip(ins, outs)):
         text = tokenizer.synth(offset + i, a, rng)
-        reqs.append(RequestSpec(text, tokenizer.count(text), b))
-    return Workload(reqs, {"kind": "synthetic", "input_len": str(input_len), "output_len": str(output_len),
-                           "seed": seed, "tokenizer": tokenizer.name, "unique_prompts": True})
+        prefix = prefixes[i % len(prefixes)] if prefixes else ""
+        reqs.append(RequestSpec(text, tokenizer.count(prefix + text), b, prefix))
+    desc = {"kind": "synthetic", "input_len": str(input_len), "output_len": str(output_len), "seed": seed,
+            "tokenizer": tokenizer.name, "unique_prompts": True}
+    if prefixes:
+        desc.update(shared_prefixes=len(prefixes), shared_prefix_len=shared_prefix_len,
+                    shared_prefix_tokens=[tokenizer.count(x) for x in prefixes])
+    return Workload(reqs, desc)
+
+
+def _prefix(tokenizer, j: int, n: int) -> str:
+    """Shared prefix ``j``: about ``n`` tokens, the same for every run (its own seeded generator)."""
+    return tokenizer.synth(j, n, np.random.default_rng(10**6 + j), lead=f"System prompt {j}:") + "\n"
 
 
 PROMPT_KEYS = ("prompt", "text_input", "text", "input")

@@ -48,3 +48,26 @@ def test_tensor_names_checked():
     problems = check_tensors(["prompt", "max_tokens"], ["text_output"], cfg)
     text = "\n".join(problems)
     assert "no input 'text_input'" in text and "num_output_tokens" in text and "min_tokens" in text
+
+
+def test_shared_prefix_workload_gives_each_group_one_prefix():
+    from pipeline.loadtest.workload import WordTokenizer, synthetic
+
+    wl = synthetic(7, "5", "3", WordTokenizer(), seed=1, shared_prefixes=3, shared_prefix_len=20)
+    prefixes = [r.shared_prefix for r in wl.requests]
+    assert prefixes[0] == prefixes[3] == prefixes[6] and len(set(prefixes)) == 3
+    assert all(r.text.startswith(r.shared_prefix) and r.input_tokens == 20 + 5 for r in wl.requests)
+    assert len({r.prompt for r in wl.requests}) == 7  # the rest of each prompt stays unique
+    assert wl.description["shared_prefixes"] == 3
+    again = synthetic(7, "5", "3", WordTokenizer(), seed=99, shared_prefixes=3, shared_prefix_len=20)
+    assert [r.shared_prefix for r in again.requests] == prefixes  # every point and run shares them
+    assert all(r.shared_prefix == "" for r in synthetic(3, "5", "3", WordTokenizer()).requests)
+
+
+def test_openai_endpoint_rules():
+    from pipeline.loadtest.config import LoadTestConfig
+
+    probs = LoadTestConfig(endpoint="openai-chat", url="127.0.0.1:8001", fixed_output="min_tokens").problems()
+    assert any("base URL" in p for p in probs) and any("ignore-eos" in p for p in probs)
+    assert LoadTestConfig(endpoint="openai-chat", url="http://127.0.0.1:9000/v1").problems() == []
+    assert any("endpoint" in p for p in LoadTestConfig(endpoint="grpc").problems())

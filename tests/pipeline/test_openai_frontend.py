@@ -211,3 +211,30 @@ def test_frontend_without_triton_answers_503(built_default, tmp_path):
 def test_triton_errors_map_to_http_statuses(message, status):
     err = triton_error(message)
     assert isinstance(err, APIError) and err.status == status and message in err.message
+
+
+def test_the_load_tester_speaks_openai_and_counts_the_servers_tokens(frontend, default_server):
+    """`trtpipe loadtest` on the chat endpoint: every request exactly its max_tokens (ignore_eos), and the tokens it
+    counts are the ones the runtime says it generated and the frontend says it sent."""
+    from pipeline.loadtest.api import run_loadtest
+    from pipeline.loadtest.config import LoadTestConfig
+
+    metrics = f"http://127.0.0.1:{default_server.cfg.metrics_port}/metrics"
+    generated = _metric(metrics, "trtpipe_runtime_total", 'kind="tokens"')
+    sent = _metric(frontend.launch.url + "/metrics", "trtpipe_openai_tokens_total", 'kind="completion"')
+    for endpoint in ("openai-chat", "openai-completions"):
+        cfg = LoadTestConfig(url=frontend.launch.url + "/v1", endpoint=endpoint, mode="closed", concurrency=[2],
+                             num_requests=4, input_len="24", output_len="6", warmup=0, fixed_output="ignore_eos",
+                             tokenizer_dir=frontend.launch.tokenizer_dir, shared_prefixes=2, shared_prefix_len=40)
+        rep = run_loadtest(cfg)
+        point = rep["points"][0]
+        assert rep["server"]["model"]["name"] == MODEL and point["summary"]["requests"]["failed"] == 0
+        reqs = point["requests"]
+        assert [r["output_tokens"] for r in reqs] == [6] * 4
+        assert all(r["server"]["tokens_from"] == "usage" and r["input_tokens"] > 40 for r in reqs)
+        assert point["summary"]["ttft_s"]["n"] == 4 and point["summary"]["itl_s_pooled"]["n"] > 0
+    deadline = time.monotonic() + 10  # the runtime publishes its counters every cancellation_check_period_ms
+    while _metric(metrics, "trtpipe_runtime_total", 'kind="tokens"') - generated < 48 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _metric(metrics, "trtpipe_runtime_total", 'kind="tokens"') - generated == 48
+    assert _metric(frontend.launch.url + "/metrics", "trtpipe_openai_tokens_total", 'kind="completion"') - sent == 48

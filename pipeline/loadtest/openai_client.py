@@ -1,0 +1,130 @@
+"""The load tester's OpenAI side: one streamed HTTP request per request record, to any OpenAI-compatible server
+(this project's frontend, trtllm-serve, vLLM, Dynamo's frontend).
+
+Requests stream (``stream: true`` with ``stream_options.include_usage``). Times: a response is each server-sent
+event that carries text; TTFT is the first, ITL the gaps between them (as vLLM's ``benchmark_serving.py`` and
+aiperf time chunks). Tokens: the final ``usage`` chunk's ``completion_tokens`` / ``prompt_tokens`` (the server's
+counts), spread over the chunks (one each, the rest on the last); a server that sends no usage is counted one token
+per chunk and the record says so (``server["tokens_from"] = "chunks"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from pipeline.loadtest.metrics import RequestRecord
+from pipeline.loadtest.workload import RequestSpec
+
+
+def openai_body(endpoint: str, model: str, rid: str, spec: RequestSpec, inputs: dict) -> tuple[str, dict]:
+    """(path, JSON body) of one request: greedy (temperature 0), ``max_tokens`` from the workload, ``ignore_eos``
+    when the run fixes output lengths (the load test's ``end_id`` input), streamed with usage."""
+    body: dict = {"model": model, "max_tokens": int(spec.max_tokens), "temperature": 0, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if "end_id" in inputs:
+        body["ignore_eos"] = True
+    if endpoint == "openai-chat":
+        messages = ([{"role": "system", "content": spec.shared_prefix}] if spec.shared_prefix else [])
+        body["messages"] = messages + [{"role": "user", "content": spec.prompt}]
+        return "/chat/completions", body
+    body["prompt"] = spec.text
+    return "/completions", body
+
+
+def _kind(status: int, message: str) -> str:
+    if status in (408, 504):
+        return "timeout"
+    if status in (502, 503):
+        return "unavailable"
+    if 400 <= status < 500:
+        return "invalid_request"
+    return "server_error"
+
+
+class OpenAIConnection:
+    """One aiohttp session (keep-alive connections, no limit: the run's concurrency bounds the requests)."""
+
+    def __init__(self, base_url: str, chat: bool):
+        self.base_url, self.chat = base_url.rstrip("/"), chat
+        self.session = None
+        self.pending: dict[int, RequestRecord] = {}
+
+    def open(self) -> None:
+        import aiohttp
+
+        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                             timeout=aiohttp.ClientTimeout(total=None))
+
+    async def send(self, rec: RequestRecord, payload: tuple[str, dict], timeout_s: float) -> RequestRecord:
+        import aiohttp
+
+        path, body = payload
+        self.pending[id(rec)] = rec
+        rec.sent = time.monotonic()
+        usage = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self.session.post(self.base_url + path, json=body) as resp:
+                    if resp.status != 200:
+                        text = (await resp.text())[:500]
+                        rec.error, rec.error_kind = f"HTTP {resp.status}: {text}", _kind(resp.status, text)
+                        return rec
+                    async for line in resp.content:
+                        if not line.startswith(b"data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == b"[DONE]":
+                            break
+                        obj = json.loads(data)
+                        if "error" in obj:
+                            err = obj["error"]
+                            rec.error = f"in stream: {err.get('message', err)}"
+                            rec.error_kind = "server_error"
+                            return rec
+                        now = time.monotonic()
+                        usage = obj.get("usage") or usage
+                        for ch in obj.get("choices") or []:
+                            text = (ch.get("delta") or {}).get("content") if self.chat else ch.get("text")
+                            if text:
+                                rec.response_times.append(now)
+                                rec.response_tokens.append(1)
+            rec.done = time.monotonic()
+            if not rec.response_times:
+                rec.response_times.append(rec.done)
+                rec.response_tokens.append(0)
+            _apply_usage(rec, usage)
+        except TimeoutError:
+            rec.error, rec.error_kind = f"no complete answer within {timeout_s:.0f} s", "timeout"
+        except aiohttp.ClientError as exc:
+            rec.error, rec.error_kind = f"{type(exc).__name__}: {exc}", "unavailable"
+        finally:
+            self.pending.pop(id(rec), None)
+        return rec
+
+    def abandon(self, kind: str, message: str) -> None:
+        for rec in list(self.pending.values()):
+            rec.error, rec.error_kind = message, kind
+        self.pending.clear()
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
+def _apply_usage(rec: RequestRecord, usage: dict | None) -> None:
+    """Spread the server's completion_tokens over the text chunks (one each, the rest on the last; a chunk with
+    no token of its own when there were more chunks than tokens)."""
+    if not usage:
+        rec.server = {**(rec.server or {}), "tokens_from": "chunks"}
+        return
+    n = int(usage.get("completion_tokens") or 0)
+    k = len(rec.response_tokens)
+    per = [1 if i < n else 0 for i in range(k)]
+    if k and n > k:
+        per[-1] += n - k
+    rec.response_tokens = per
+    if usage.get("prompt_tokens"):
+        rec.input_tokens = int(usage["prompt_tokens"])
+    rec.server = {**(rec.server or {}), "tokens_from": "usage"}
