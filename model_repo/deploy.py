@@ -44,7 +44,7 @@ from builders.engine_trtllm import TRTLLM_VERSION
 from builders.layout import build_dir
 from model_repo.bundle import SCRIPT_NAME
 from model_repo.upstream_llmapi import config_pbtxt
-from plugins.runtimes import Runtime, leader_mode_argv
+from plugins.runtimes import RUNTIMES, Runtime, leader_mode_argv
 
 # TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag: the "Container Name: trtllm-python-py3"
 # table of NVIDIA's Triton compatibility matrix, docs/introduction/compatibility.md of
@@ -103,6 +103,11 @@ class DeploymentPlan:
     environment: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
     trtllm_serve: list[str] = field(default_factory=list)
+    openai: list[str] = field(default_factory=list)
+    """The OpenAI-compatible frontend's command (pipeline.openai_frontend) beside tritonserver; empty: none."""
+    openai_port: int = 9000
+    frontend_image: str = ""
+    """The project's image (the frontend needs this project's Python packages)."""
     later_options: dict = field(default_factory=dict)
     """Release -> options file for the later TensorRT-LLM releases that spell an option differently
     (builders.llmapi_options.options_files; empty when one file serves every release)."""
@@ -185,10 +190,41 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
         names = options_files(build)
         later = {r: f"{mount}/{TRTLLM_SERVE_OPTIONS_FILE.rsplit('/', 1)[0]}/{options_file(r)}"
                  for r in RELEASES[1:] if options_file(r) in names}
+    repo = Path(build_folder) / ("bundle/model_repo" if served_from == "bundle" else "model_repo")
+    openai = frontend_argv("python3", grpc_url=f"127.0.0.1:{sv.grpc_port}", model=build.name,
+                           tokenizer=f"{mount}/{'bundle/tokenizer' if served_from == 'bundle' else 'engine'}",
+                           max_input_len=s.limits.max_input_len, max_seq_len=s.limits.max_seq_len,
+                           add_special_tokens=preprocessing_adds_special_tokens(repo), host="0.0.0.0",
+                           port=sv.openai_port)
+    reasons["openai"] = ("the OpenAI-compatible frontend beside tritonserver (the project's image): /v1 on "
+                         f"serving.openai_port {sv.openai_port}, sending to the BLS model over 127.0.0.1 gRPC")
     return DeploymentPlan(build.name, s.runtime, runtime_image(rt), world, per_node, nodes, gpu,
                           sv.http_port, sv.grpc_port, sv.metrics_port, mount, served_from == "bundle",
                           served_from, cmd, env, reasons, trtllm_serve=serve, upstream_model_yaml=upstream,
-                          later_options=later)
+                          openai=openai, openai_port=sv.openai_port,
+                          frontend_image=runtime_image(RUNTIMES["pytorch"]), later_options=later)
+
+
+def frontend_argv(python: str, *, grpc_url: str, model: str, tokenizer: str, max_input_len: int, max_seq_len: int,
+                  add_special_tokens: bool, host: str, port: int, triton_model: str = "tensorrt_llm_bls") -> list[str]:
+    """The OpenAI-compatible frontend's command line (``pipeline.openai_frontend``): ``trtpipe serve`` runs it
+    beside tritonserver, the deployment files in a container of the project's image beside Triton's."""
+    return [python, "-m", "pipeline.openai_frontend", "--grpc-url", grpc_url, "--model", model, "--tokenizer",
+            tokenizer, "--max-input-len", str(max_input_len), "--max-seq-len", str(max_seq_len), "--host", host,
+            "--port", str(port), "--triton-model", triton_model, *(["--add-special-tokens"] if add_special_tokens
+                                                                    else [])]
+
+
+def preprocessing_adds_special_tokens(model_repository: Path) -> bool:
+    """The repository's preprocessing ``add_special_tokens`` parameter (how it counts prompt tokens); False when
+    the repository or the parameter is absent."""
+    from model_repo.generate import parse_config
+
+    path = Path(model_repository) / "preprocessing" / "config.pbtxt"
+    if not path.is_file():
+        return False
+    pre = parse_config(path.read_text(), str(path))
+    return "add_special_tokens" in pre.parameters and pre.parameters["add_special_tokens"].string_value == "true"
 
 
 TRTLLM_SERVE_OPTIONS_FILE = "model_repo/tensorrt_llm/1/llm_api_options.yaml"
@@ -249,7 +285,15 @@ def compose(plan: DeploymentPlan) -> dict:
         svc["environment"] = dict(plan.environment)
     if plan.gpu:
         svc["deploy"] = _gpu_reservation(plan)
-    return {"name": plan.name, "services": {"triton": svc}}
+    services = {"triton": svc}
+    if plan.openai:  # shares triton's network namespace: gRPC on 127.0.0.1, its port published by triton
+        svc["ports"].append(f"127.0.0.1:{plan.openai_port}:{plan.openai_port}")
+        services["openai"] = {
+            "image": plan.frontend_image, "command": _shell(plan.openai), "network_mode": "service:triton",
+            "volumes": [f"..:{plan.mount}:ro"], "depends_on": {"triton": {"condition": "service_healthy"}},
+            "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://localhost:{plan.openai_port}/health"],
+                            "interval": "10s", "timeout": "5s", "retries": 30, "start_period": "20s"}}
+    return {"name": plan.name, "services": services}
 
 
 def _gpu_reservation(plan: DeploymentPlan) -> dict:
@@ -312,8 +356,17 @@ def kubernetes(plan: DeploymentPlan) -> list[dict]:
                    {"name": n, "port": p, "targetPort": p} for n, p in
                    (("http", plan.http_port), ("grpc", plan.grpc_port), ("metrics", plan.metrics_port))]}}
     cmd = _shell(plan.command)
+    containers = [_container(plan, cmd)]
+    if plan.openai:  # a sidecar: the pod's network, so Triton's gRPC is on 127.0.0.1
+        service["spec"]["ports"].append({"name": "openai", "port": plan.openai_port, "targetPort": plan.openai_port})
+        containers.append({
+            "name": "openai", "image": plan.frontend_image, "command": _shell(plan.openai),
+            "ports": [{"name": "openai", "containerPort": plan.openai_port}],
+            "readinessProbe": {"httpGet": {"path": "/health", "port": plan.openai_port}, "periodSeconds": 10,
+                               "failureThreshold": 3},
+            "volumeMounts": [{"name": "build", "mountPath": plan.mount, "readOnly": True}]})
     if not plan.multi_node:
-        pod = {"metadata": {"labels": labels}, "spec": {"containers": [_container(plan, cmd)], "volumes": _volumes()}}
+        pod = {"metadata": {"labels": labels}, "spec": {"containers": containers, "volumes": _volumes()}}
         dep = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": plan.name, "labels": labels},
                "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": pod}}
         return [dep, service]
@@ -325,7 +378,7 @@ def kubernetes(plan: DeploymentPlan) -> list[dict]:
            "spec": {"replicas": 1, "leaderWorkerTemplate": {
                "size": plan.nodes,
                "leaderTemplate": {"metadata": {"labels": labels},
-                                  "spec": {"containers": [_container(plan, cmd)], "volumes": _volumes()}},
+                                  "spec": {"containers": containers, "volumes": _volumes()}},
                "workerTemplate": {"spec": {"containers": [worker], "volumes": _volumes()}}}}}
     return [lws, service]
 

@@ -163,7 +163,6 @@ class Triton:
     async def generate(self, prompt: str, max_tokens: int, stop: list[str], extra: dict) -> AsyncIterator[Delta]:
         """Yield the model's streamed responses for one prompt; raise APIError on a request error."""
         import tritonclient.grpc as grpcclient
-        from tritonclient.grpc import InferResult
 
         from pipeline.client import build_inputs, stream_request
 
@@ -188,15 +187,7 @@ class Triton:
                 final = ("triton_final_response" in ir.parameters
                          and ir.parameters["triton_final_response"].bool_param)
                 if ir.outputs:
-                    result = InferResult(ir)
-                    text = result.as_numpy("text_output")
-                    count = result.as_numpy("num_output_tokens")
-                    seq = result.as_numpy("sequence_index")
-                    yield Delta(0 if seq is None else int(seq.reshape(-1)[0]),
-                                "" if text is None else b"".join(
-                                    x if isinstance(x, bytes) else str(x).encode() for x in text.reshape(-1)
-                                ).decode(errors="replace"),
-                                0 if count is None else int(count.reshape(-1).sum()))
+                    yield _delta(ir)
                 if final:
                     return
         except APIError:
@@ -209,6 +200,25 @@ class Triton:
         finally:
             done.set()
             call.cancel()  # a no-op once finished; otherwise Triton cancels the request
+
+
+def _delta(ir) -> Delta:
+    """One ModelInferResponse as a Delta, read from its raw contents (BYTES: 4-byte little-endian length, then the
+    bytes, per element; INT32: little-endian), without building numpy arrays per token."""
+    text, tokens, index = b"", 0, 0
+    for out, raw in zip(ir.outputs, ir.raw_output_contents):
+        if out.name == "text_output":
+            parts, i = [], 0
+            while i + 4 <= len(raw):
+                n = int.from_bytes(raw[i:i + 4], "little")
+                parts.append(raw[i + 4:i + 4 + n])
+                i += 4 + n
+            text = b"".join(parts)
+        elif out.name == "num_output_tokens":
+            tokens = sum(int.from_bytes(raw[i:i + 4], "little", signed=True) for i in range(0, len(raw), 4))
+        elif out.name == "sequence_index" and len(raw) >= 4:
+            index = int.from_bytes(raw[:4], "little", signed=True)
+    return Delta(index, text.decode(errors="replace"), tokens)
 
 
 # ---- the frontend --------------------------------------------------------------------------------------------
@@ -425,6 +435,17 @@ def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
         chunk_obj = "chat.completion.chunk" if chat else "text_completion"
         include_usage = bool((body.stream_options or {}).get("include_usage"))
 
+        created_at = int(time.time())  # one `created` for every chunk of the completion, as OpenAI's
+        head = (f'data: {{"id":"{rid}","object":"{chunk_obj}","created":{created_at},"model":'
+                f'{json.dumps(cfg.model)},"choices":[{{"index":')
+        tail = ',"logprobs":null,"finish_reason":null}]' + (',"usage":null' if include_usage else "") + "}\n\n"
+        key = ',"delta":{"content":' if chat else ',"text":'
+        close = "}" if chat else ""
+
+        def content_event(index: int, text: str) -> bytes:
+            """A content chunk, as :func:`chunk` would write it, without building and dumping the dict."""
+            return (head + str(index) + key + json.dumps(text) + close + tail).encode()
+
         def chunk(index: int, text: Optional[str], reason: Optional[str], role: bool = False) -> dict:
             if chat:
                 delta = ({"role": "assistant", "content": ""} if role else
@@ -432,8 +453,7 @@ def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
                 choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
             else:
                 choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
-            out = {"id": rid, "object": chunk_obj, "created": int(time.time()), "model": cfg.model,
-                   "choices": [choice]}
+            out = {"id": rid, "object": chunk_obj, "created": created_at, "model": cfg.model, "choices": [choice]}
             if include_usage:
                 out["usage"] = None
             return out
@@ -448,11 +468,11 @@ def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
                 async for d in deltas():
                     counts[d.index] += d.tokens
                     if d.text:
-                        yield _sse(chunk(d.index, d.text, None))
+                        yield content_event(d.index, d.text)
                 for i in range(body.n):
                     yield _sse(chunk(i, None if chat else "", finish(counts[i])))
                 if include_usage:
-                    yield _sse({"id": rid, "object": chunk_obj, "created": int(time.time()), "model": cfg.model,
+                    yield _sse({"id": rid, "object": chunk_obj, "created": created_at, "model": cfg.model,
                                 "choices": [], "usage": usage(sum(counts))})
                 yield b"data: [DONE]\n\n"
                 finished = True
@@ -559,7 +579,8 @@ def _validation_error(exc: ValidationError) -> APIError:
                     param=param)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line ``model_repo.deploy.frontend_argv`` writes."""
     p = argparse.ArgumentParser(prog="python -m pipeline.openai_frontend",
                                 description="OpenAI-compatible HTTP frontend in front of Triton's BLS model "
                                             "(started by `trtpipe serve`).")
@@ -574,7 +595,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
     p.add_argument("--triton-model", default="tensorrt_llm_bls", help="the Triton model requests go to (default "
                    "tensorrt_llm_bls: it forwards cancellation; `ensemble` does not)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -626,26 +626,28 @@ class FrontendLaunch:
     port: int = 9000
     log_file: Path | None = None
     ready_timeout_s: float = 120.0
+    triton_model: str = "tensorrt_llm_bls"
+    """The Triton model it sends to (pipeline.openai_frontend.FrontendConfig.triton_model)."""
 
     @property
     def url(self) -> str:
         return f"http://{self.address}:{self.port}"
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "pipeline.openai_frontend", "--grpc-url", self.grpc_url, "--model", self.model,
-                "--tokenizer", str(self.tokenizer_dir), "--max-input-len", str(self.max_input_len),
-                "--max-seq-len", str(self.max_seq_len), "--host", self.address, "--port", str(self.port),
-                *(["--add-special-tokens"] if self.add_special_tokens else [])]
+        from model_repo.deploy import frontend_argv
+
+        return frontend_argv(sys.executable, grpc_url=self.grpc_url, model=self.model, tokenizer=str(self.tokenizer_dir),
+                             max_input_len=self.max_input_len, max_seq_len=self.max_seq_len,
+                             add_special_tokens=self.add_special_tokens, host=self.address, port=self.port,
+                             triton_model=self.triton_model)
 
 
 def frontend_launch(build, cfg: ServerConfig, port: int, tokenizer_dir: Path) -> FrontendLaunch:
     """The frontend for ``build`` served by ``cfg``: its model id is the build name, its limits the build's,
     prompt tokens counted as the repository's preprocessing model counts them (``add_special_tokens``)."""
-    from model_repo.generate import parse_config
+    from model_repo.deploy import preprocessing_adds_special_tokens
 
-    path = cfg.model_repository / "preprocessing" / "config.pbtxt"
-    pre = parse_config(path.read_text(), str(path))
-    special = "add_special_tokens" in pre.parameters and pre.parameters["add_special_tokens"].string_value == "true"
+    special = preprocessing_adds_special_tokens(cfg.model_repository)
     lim = build.settings.limits
     return FrontendLaunch(cfg.grpc_url, build.name, tokenizer_dir, lim.max_input_len, lim.max_seq_len, special,
                           cfg.address, port, cfg.model_repository.parent / "openai_frontend.log")

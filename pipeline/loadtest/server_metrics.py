@@ -80,6 +80,10 @@ def deltas(before: dict | None, after: dict | None) -> dict:
             and after[k] - before.get(k, 0.0) != 0}
 
 
+SAMPLED = ("trtpipe_runtime_requests", "trtpipe_runtime_kv_cache_blocks")
+"""The portable runtime's gauges sampled during a run: requests by state, KV-cache blocks free and total."""
+
+
 class Sampler:
     """Samples the runtime's gauges in a background thread while a run goes on."""
 
@@ -95,7 +99,7 @@ class Sampler:
             snap = scrape(self.url)
             if snap:
                 row = {"t_mono": time.monotonic()}
-                row.update({_key(n, lab): v for (n, lab), v in snap.items() if n == "trtpipe_runtime_requests"})
+                row.update({_key(n, lab): v for (n, lab), v in snap.items() if n in SAMPLED})
                 self.series.append(row)
 
     def __enter__(self) -> "Sampler":

@@ -473,3 +473,29 @@ def test_upstream_llmapi_config_pbtxt_is_upstreams(tmp_path):
     assert cfg.max_batch_size == up["max_batch_size_effective"] == 0 and not cfg.HasField("dynamic_batching")
     readme = (tmp_path / "deploy" / "README.md").read_text()
     assert "{model.py,helpers.py}" in readme and "--disable-auto-complete-config" in readme
+
+
+@pytest.mark.parametrize("runtime", ["pytorch", "trtllm", "trtllm-llmapi"])
+def test_the_openai_frontend_runs_beside_triton_in_both_files(tmp_path, runtime):
+    """compose: an `openai` service in triton's network namespace (its port published by triton), the project's
+    image, read-only mount; Kubernetes: a sidecar container with a /health readiness probe and a Service port. Its
+    command is one the frontend's own parser takes, pointing at Triton's gRPC port on 127.0.0.1."""
+    from pipeline.openai_frontend import build_parser
+
+    plan = plan_deployment(_gpu_build(tmp_path, runtime=runtime), get_target("h100"), tmp_path / "out")
+    args = build_parser().parse_args(plan.openai[3:])
+    assert plan.openai[:3] == ["python3", "-m", "pipeline.openai_frontend"]
+    assert (args.grpc_url, args.port, args.host, args.triton_model) == (f"127.0.0.1:{plan.grpc_port}", 9000,
+                                                                        "0.0.0.0", "tensorrt_llm_bls")
+    assert str(args.tokenizer) == f"{plan.mount}/engine" and args.model == plan.name
+    doc = compose(plan)
+    svc = doc["services"]["openai"]
+    assert svc["network_mode"] == "service:triton" and svc["image"] == plan.frontend_image
+    assert f"127.0.0.1:9000:9000" in doc["services"]["triton"]["ports"] and svc["volumes"][0].endswith(":ro")
+    assert "TRTPIPE_IMAGE" in plan.frontend_image  # the project's image: the frontend needs its packages
+    dep, service = kubernetes(plan)
+    pod = (dep["spec"]["template"] if dep["kind"] == "Deployment" else
+           dep["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["spec"]
+    side = next(c for c in pod["containers"] if c["name"] == "openai")
+    assert side["readinessProbe"]["httpGet"] == {"path": "/health", "port": 9000}
+    assert {"name": "openai", "port": 9000, "targetPort": 9000} in service["spec"]["ports"]
