@@ -8,6 +8,9 @@ output-token throughput from both, and whether each client kept up with the offe
 
     .venv/bin/python scripts/bench/bench_loadtest_vs_aiperf.py --aiperf AIPERF_VENV/bin/aiperf \
         --rates 10,40,160 --seconds 4 --output-len 16
+
+``--openai``: both on the OpenAI frontend's ``/v1/completions`` in front of the same trivial model (ours with
+``--endpoint openai-completions``, aiperf with ``--endpoint-type completions``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,74 @@ def aiperf(binary: str, http_url: str, rate: float, n: int, out_len: int, tokeni
             "wall_s": time.monotonic() - t}
 
 
+def ours_openai(base_url: str, rate: float, n: int, out_len: int, tokenizer: str) -> dict:
+    rep = run_loadtest(LoadTestConfig(url=base_url, endpoint="openai-completions", mode="open", rate=[rate],
+                                      num_requests=n, input_len="16", output_len=str(out_len), warmup=4,
+                                      tokenizer_dir=Path(tokenizer)))
+    s, p = rep["points"][0]["summary"], rep["points"][0]
+    return {"ttft_p50_ms": s["ttft_s"]["p50"] * 1e3, "itl_p50_ms": (s["itl_s_pooled"]["p50"] or 0) * 1e3,
+            "req_s": s["request_throughput"], "tok_s": s["output_token_throughput"],
+            "failed": s["requests"]["failed"], "valid": p["validity"]["valid"],
+            "lag_p95_ms": s["schedule_lag_s"]["p95"] * 1e3}
+
+
+def aiperf_openai(binary: str, base_url: str, model: str, rate: float, n: int, out_len: int, tokenizer: str,
+                  work: Path) -> dict:
+    """aiperf on the same OpenAI /v1/completions endpoint, workload and arrival pattern."""
+    art = work / f"aiperf-openai-{rate:g}"
+    cmd = [binary, "profile", "--model", model, "--url", base_url.rsplit("/v1", 1)[0], "--endpoint-type",
+           "completions", "--streaming", "--tokenizer", tokenizer, "--request-rate", str(rate),
+           "--arrival-pattern", "poisson", "--request-count", str(n), "--warmup-request-count", "4",
+           "--prompt-input-tokens-mean", "16", "--prompt-input-tokens-stddev", "0",
+           "--prompt-output-tokens-mean", str(out_len), "--prompt-output-tokens-stddev", "0",
+           "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0", "--ui-type", "none", "--output-artifact-dir", str(art),
+           "--random-seed", "0"]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    found = list(art.rglob("profile_export_aiperf.json"))
+    if proc.returncode != 0 or not found:
+        return {"error": (proc.stderr or proc.stdout)[-800:], "wall_s": time.monotonic() - t}
+    d = json.loads(found[0].read_text())
+    d = d.get("records", d)
+    return {"ttft_p50_ms": _stat(d, "time_to_first_token", "ttft", q="p50"),
+            "itl_p50_ms": _stat(d, "inter_token_latency", q="p50"), "req_s": _stat(d, "request_throughput"),
+            "tok_s": _stat(d, "output_token_throughput"), "failed": _stat(d, "error_request_count") or 0,
+            "wall_s": time.monotonic() - t}
+
+
+def main_openai(args) -> int:
+    """--openai: both clients on the OpenAI frontend's /v1/completions in front of the trivial model."""
+    from pipeline.serve import FrontendLaunch, OpenAIFrontend, free_ports
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, trivial_server(Path(tmp)) as (grpc_url, _metrics):
+        fe = OpenAIFrontend(FrontendLaunch(grpc_url, "trivial", Path(args.tokenizer), 4096, 8192, True,
+                                           port=free_ports(1)[0], log_file=Path(tmp) / "fe.log",
+                                           triton_model="ensemble")).start()
+        base = fe.launch.url + "/v1"
+        try:
+            for rate in (float(r) for r in args.rates.split(",")):
+                n = int(max(20, min(rate * args.seconds, 400)))
+                a = ours_openai(base, rate, n, args.output_len, args.tokenizer)
+                b = aiperf_openai(args.aiperf, base, "trivial", rate, n, args.output_len, args.tokenizer, Path(tmp))
+                rows.append({"rate": rate, "n": n, "trtpipe": a, "aiperf": b})
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            fe.stop(10)
+    print("\n| rate req/s | n | trtpipe TTFT p50 ms | aiperf TTFT p50 ms | trtpipe ITL p50 ms | aiperf ITL p50 ms | "
+          "trtpipe req/s | aiperf req/s | trtpipe out tok/s | aiperf out tok/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    f = lambda x, nd=1: "-" if x is None else f"{x:.{nd}f}"  # noqa: E731
+    for r in rows:
+        a, b = r["trtpipe"], r["aiperf"]
+        print(f"| {r['rate']:g} | {r['n']} | {f(a['ttft_p50_ms'], 2)} | {f(b.get('ttft_p50_ms'), 2)} | "
+              f"{f(a['itl_p50_ms'], 2)} | {f(b.get('itl_p50_ms'), 2)} | {f(a['req_s'])} | {f(b.get('req_s'))} | "
+              f"{f(a['tok_s'])} | {f(b.get('tok_s'))} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--aiperf", default="aiperf", help="the aiperf executable (installed in a venv of its own)")
@@ -77,7 +148,11 @@ def main() -> int:
     ap.add_argument("--tokenizer", default=str(Path(__file__).resolve().parents[2] / "build" / "smollm2-135m" / "cpu" / "engine"),
                     help="for aiperf's token counting (the trivial model sends ' tok' = 1 token per response)")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--openai", action="store_true", help="both clients on the OpenAI frontend's /v1/completions "
+                    "(in front of the trivial model) instead of Triton's own endpoints")
     args = ap.parse_args()
+    if args.openai:
+        return main_openai(args)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, trivial_server(Path(tmp)) as (grpc_url, _metrics):
         http_url = grpc_url.rsplit(":", 1)[0] + ":" + _http_port(Path(tmp))
