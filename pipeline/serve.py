@@ -319,6 +319,23 @@ class _ServerProcess:
             raise
         return self
 
+    def _wait_http_200(self, url: str, timeout_s: float, period_s: float) -> bool:
+        """Poll ``GET url`` until it answers 200 (True) or ``timeout_s`` passes (False); raise through
+        :meth:`_raise` when the process exits first."""
+        import urllib.error
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                self._raise(f"{self.program} exited with status {self.proc.returncode} before {url} answered 200")
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                with urllib.request.urlopen(url, timeout=5) as resp:
+                    if resp.status == 200:
+                        return True
+            time.sleep(period_s)
+        return False
+
     def _spawn(self, argv: list[str], env: dict, detach: bool) -> None:
         """Start ``argv`` with stdout and stderr into the log file; ``detach``: in its own session, so it outlives
         this process."""
@@ -580,20 +597,10 @@ class TrtllmServe(_ServerProcess):
 
     def wait_ready(self) -> None:
         """Block until ``GET /health`` answers 200 while the process lives, or raise ServerError."""
-        import urllib.error
-        import urllib.request
-
         url = self.cfg.health_url
-        deadline = time.monotonic() + self.cfg.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                self._raise(f"{TRTLLM_SERVE} exited with status {self.proc.returncode} before {url} answered 200")
-            with contextlib.suppress(urllib.error.URLError, OSError):
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    if resp.status == 200:
-                        log.info("%s ready: %s (OpenAI API under /v1)", TRTLLM_SERVE, url)
-                        return
-            time.sleep(0.5)
+        if self._wait_http_200(url, self.cfg.ready_timeout_s, 0.5):
+            log.info("%s ready: %s (OpenAI API under /v1)", TRTLLM_SERVE, url)
+            return
         self._raise(f"{TRTLLM_SERVE} did not answer 200 on {url} within {self.cfg.ready_timeout_s:.0f} s (a large "
                     "checkpoint may need longer: --timeout)")
 
@@ -674,19 +681,10 @@ class OpenAIFrontend(_ServerProcess):
         return self._launch(self.launch.argv(), dict(os.environ), detach)
 
     def wait_ready(self) -> None:
-        import urllib.error
-        import urllib.request
-
+        """Block until ``GET /health`` answers 200 (Triton ready behind it), or raise ServerError."""
         url = self.launch.url + "/health"
-        deadline = time.monotonic() + self.launch.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                self._raise(f"the OpenAI frontend exited with status {self.proc.returncode}")
-            with contextlib.suppress(urllib.error.URLError, OSError):
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            time.sleep(0.3)
+        if self._wait_http_200(url, self.launch.ready_timeout_s, 0.3):
+            return
         self._raise(f"the OpenAI frontend did not answer 200 on {url} within {self.launch.ready_timeout_s:.0f} s")
 
     def _raise(self, headline: str) -> None:

@@ -125,18 +125,25 @@ def main_openai(args) -> int:
                 print(json.dumps(rows[-1]), flush=True)
         finally:
             fe.stop(10)
-    print("\n| rate req/s | n | trtpipe TTFT p50 ms | aiperf TTFT p50 ms | trtpipe ITL p50 ms | aiperf ITL p50 ms | "
-          "trtpipe req/s | aiperf req/s | trtpipe out tok/s | aiperf out tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    _table(rows, [("TTFT p50 ms", "ttft_p50_ms", 2), ("ITL p50 ms", "itl_p50_ms", 2), ("req/s", "req_s", 1),
+                  ("out tok/s", "tok_s", 1)], args.json)
+    return 0
+
+
+def _table(rows: list[dict], cols: list[tuple[str, str, int]], json_path: Path | None, valid: bool = False) -> None:
+    """Print the side-by-side markdown table (each column for trtpipe, then aiperf) and write the rows."""
     f = lambda x, nd=1: "-" if x is None else f"{x:.{nd}f}"  # noqa: E731
+    heads = [f"{who} {name}" for name, _, _ in cols for who in ("trtpipe", "aiperf")]
+    heads += ["trtpipe valid (lag p95 ms)"] if valid else []
+    print("\n| rate req/s | n | " + " | ".join(heads) + " |")
+    print("|" + "---|" * (2 + len(heads)))
     for r in rows:
         a, b = r["trtpipe"], r["aiperf"]
-        print(f"| {r['rate']:g} | {r['n']} | {f(a['ttft_p50_ms'], 2)} | {f(b.get('ttft_p50_ms'), 2)} | "
-              f"{f(a['itl_p50_ms'], 2)} | {f(b.get('itl_p50_ms'), 2)} | {f(a['req_s'])} | {f(b.get('req_s'))} | "
-              f"{f(a['tok_s'])} | {f(b.get('tok_s'))} |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
+        cells = [f(side.get(key), nd) for _, key, nd in cols for side in (a, b)]
+        cells += [f"{a['valid']} ({f(a['lag_p95_ms'], 2)})"] if valid else []
+        print(f"| {r['rate']:g} | {r['n']} | " + " | ".join(cells) + " |")
+    if json_path:
+        json_path.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 def main() -> int:
@@ -162,17 +169,8 @@ def main() -> int:
             b = aiperf(args.aiperf, http_url, rate, n, args.output_len, args.tokenizer, Path(tmp))
             rows.append({"rate": rate, "n": n, "trtpipe": a, "aiperf": b})
             print(json.dumps(rows[-1]), flush=True)
-    print("\n| rate req/s | n | trtpipe TTFT p50 ms | aiperf TTFT p50 ms | trtpipe req/s | aiperf req/s | "
-          "trtpipe out tok/s | aiperf out tok/s | trtpipe valid (lag p95 ms) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    f = lambda x, nd=1: "-" if x is None else f"{x:.{nd}f}"  # noqa: E731
-    for r in rows:
-        a, b = r["trtpipe"], r["aiperf"]
-        print(f"| {r['rate']:g} | {r['n']} | {f(a['ttft_p50_ms'], 2)} | {f(b.get('ttft_p50_ms'), 2)} | "
-              f"{f(a['req_s'])} | {f(b.get('req_s'))} | {f(a['tok_s'])} | {f(b.get('tok_s'))} | "
-              f"{a['valid']} ({f(a['lag_p95_ms'], 2)}) |")
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    _table(rows, [("TTFT p50 ms", "ttft_p50_ms", 2), ("req/s", "req_s", 1), ("out tok/s", "tok_s", 1)], args.json,
+           valid=True)
     return 0
 
 
