@@ -205,6 +205,11 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
                           frontend_image=runtime_image(RUNTIMES["pytorch"]), later_options=later)
 
 
+OPENAI_PROFILE = "openai"
+"""The compose profile of the OpenAI frontend where it needs an image other than Triton's (TRTPIPE_IMAGE):
+``docker compose --profile openai up`` starts it too."""
+
+
 def frontend_argv(python: str, *, grpc_url: str, model: str, tokenizer: str, max_input_len: int, max_seq_len: int,
                   add_special_tokens: bool, host: str, port: int, triton_model: str = "tensorrt_llm_bls") -> list[str]:
     """The OpenAI-compatible frontend's command line (``pipeline.openai_frontend``): ``trtpipe serve`` runs it
@@ -293,6 +298,8 @@ def compose(plan: DeploymentPlan) -> dict:
             "volumes": [f"..:{plan.mount}:ro"], "depends_on": {"triton": {"condition": "service_healthy"}},
             "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://localhost:{plan.openai_port}/health"],
                             "interval": "10s", "timeout": "5s", "retries": 30, "start_period": "20s"}}
+        if plan.frontend_image != plan.image:  # another image (TRTPIPE_IMAGE): only with --profile openai
+            services["openai"]["profiles"] = [OPENAI_PROFILE]
     return {"name": plan.name, "services": services}
 
 
@@ -357,7 +364,8 @@ def kubernetes(plan: DeploymentPlan) -> list[dict]:
                    (("http", plan.http_port), ("grpc", plan.grpc_port), ("metrics", plan.metrics_port))]}}
     cmd = _shell(plan.command)
     containers = [_container(plan, cmd)]
-    if plan.openai:  # a sidecar: the pod's network, so Triton's gRPC is on 127.0.0.1
+    if plan.openai and plan.frontend_image == plan.image:  # a sidecar in the pod's network (gRPC on 127.0.0.1);
+        # only where Triton's image is the project's: an unset TRTPIPE_IMAGE would keep the pod from starting
         service["spec"]["ports"].append({"name": "openai", "port": plan.openai_port, "targetPort": plan.openai_port})
         containers.append({
             "name": "openai", "image": plan.frontend_image, "command": _shell(plan.openai),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -179,9 +180,11 @@ class Triton:
 
         call = self.client._client_stub.ModelStreamInfer(requests(), metadata=self.client._get_metadata(None),
                                                          timeout=self.cfg.request_timeout_s)
+        finished = False
         try:
             async for resp in call:
                 if resp.error_message:
+                    finished = True  # Triton ended the request itself
                     raise triton_error(resp.error_message)
                 ir = resp.infer_response
                 final = ("triton_final_response" in ir.parameters
@@ -189,17 +192,28 @@ class Triton:
                 if ir.outputs:
                     yield _delta(ir)
                 if final:
-                    return
+                    finished = True
+                    break
         except APIError:
             raise
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # grpc.aio.AioRpcError and friends: the server went away or timed out
+            finished = True
             details = getattr(exc, "details", lambda: str(exc))() or str(exc)
             raise triton_error(f"unavailable: {details}") from exc
         finally:
-            done.set()
-            call.cancel()  # a no-op once finished; otherwise Triton cancels the request
+            done.set()  # ends the request iterator: the client half-closes the stream
+            if finished:  # let the server close it; cancelling a finished BLS request crashed tritonserver 2.51
+                with contextlib.suppress(Exception):  # (TRITONBACKEND_ResponseFactoryIsCancelled, signal 11)
+                    await asyncio.wait_for(_drain(call), 10)
+            else:  # the client went away: Triton cancels the request and the runtime frees its blocks
+                call.cancel()
+
+
+async def _drain(call) -> None:
+    async for _ in call:
+        pass
 
 
 def _delta(ir) -> Delta:

@@ -161,6 +161,11 @@ def validity(cfg: LoadTestConfig, point: dict, summary: dict, client: list[dict]
         if c["cpu_util"] > cfg.max_client_cpu:
             reasons.append(f"client process {j} used {c['cpu_util']:.0%} of a core (> {cfg.max_client_cpu:.0%}): "
                            "the client may be the bottleneck; add --client-procs")
+    req = summary.get("requests", {})
+    if req.get("sent") and not req.get("completed"):
+        kinds = req.get("errors_by_kind") or {}
+        reasons.append(f"every request failed ({', '.join(f'{k}: {n}' for k, n in kinds.items()) or 'no answer'}): "
+                       "nothing of the server was measured; see the requests' errors in report.json")
     if cfg.ceiling_rps and point["mode"] == "open" and point["rate"] > cfg.ceiling_rps:
         reasons.append(f"offered rate {point['rate']} req/s is above the client's self-checked ceiling "
                        f"{cfg.ceiling_rps:.1f} req/s")

@@ -28,7 +28,8 @@ def add_loadtest_parser(sub, add_build_args) -> None:
     r = lsub.add_parser("run", help="run a load test (starts the server itself unless one is running or --url)")
     add_build_args(r)
     g = r.add_argument_group("server")
-    g.add_argument("--url", default=None, help="gRPC host:port of a running server (default: the build's, "
+    g.add_argument("--url", default=None, help="gRPC host:port of a running server, or an OpenAI base URL with "
+                   "--endpoint openai-* (default: the build's, "
                                                "started here on free ports when not running)")
     g.add_argument("--metrics-url", default=None, help="Triton metrics URL (http://host:port/metrics)")
     g.add_argument("--model-repo", type=Path, default=None, help="start a server on this repository instead")
@@ -54,8 +55,8 @@ def add_loadtest_parser(sub, add_build_args) -> None:
     g.add_argument("--output-len", default="32", help="max_tokens: N | uniform:LO:HI | normal:MEAN:STD")
     g.add_argument("--shared-prefixes", type=int, default=0, help="N distinct shared prefixes (system prompts); "
                    "request i starts with prefix i mod N (prefix caching runs; default 0: none)")
-    g.add_argument("--shared-prefix-len", type=int, default=1000, help="tokens of each shared prefix "
-                   "(default 1000)")
+    g.add_argument("--shared-prefix-len", type=int, default=800, help="tokens of each shared prefix "
+                   "(default 800)")
     g.add_argument("--dataset", type=Path, default=None, help="JSONL of prompts ({\"prompt\": ..., "
                                                                "optional \"output_len\"}) instead of synthetic")
     g.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default: engine/ beside the "

@@ -47,8 +47,8 @@ class LoadTestConfig:
     """JSONL of real prompts instead of synthetic ones."""
     shared_prefixes: int = 0
     """synthetic: N distinct shared prefixes (system prompts), request i taking prefix i mod N (0: none)."""
-    shared_prefix_len: int = 1000
-    """tokens of each shared prefix."""
+    shared_prefix_len: int = 800
+    """tokens of each shared prefix (800: with the default 128-token input it fits a 1,024-token max_input_len)."""
     tokenizer_dir: Path | None = None
     """served tokenizer (default: the engine folder beside the repository)."""
     fixed_output: str = "none"

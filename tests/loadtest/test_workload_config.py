@@ -71,3 +71,15 @@ def test_openai_endpoint_rules():
     assert any("base URL" in p for p in probs) and any("ignore-eos" in p for p in probs)
     assert LoadTestConfig(endpoint="openai-chat", url="http://127.0.0.1:9000/v1").problems() == []
     assert any("endpoint" in p for p in LoadTestConfig(endpoint="grpc").problems())
+
+
+def test_a_point_where_every_request_failed_is_invalid():
+    """All requests refused (e.g. prompts over max_input_len): not a measurement, whatever the SLOs say."""
+    from pipeline.loadtest.api import validity
+
+    cfg = LoadTestConfig()
+    summary = {"requests": {"sent": 4, "completed": 0, "errors_by_kind": {"invalid_request": 4}}}
+    v = validity(cfg, {"mode": "closed", "concurrency": 2}, summary, [{"cpu_util": 0.1}])
+    assert not v["valid"] and "every request failed (invalid_request: 4)" in v["reasons"][0]
+    ok = {"requests": {"sent": 4, "completed": 3, "errors_by_kind": {"invalid_request": 1}}}
+    assert validity(cfg, {"mode": "closed", "concurrency": 2}, ok, [{"cpu_util": 0.1}])["valid"]

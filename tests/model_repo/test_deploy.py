@@ -496,6 +496,12 @@ def test_the_openai_frontend_runs_beside_triton_in_both_files(tmp_path, runtime)
     dep, service = kubernetes(plan)
     pod = (dep["spec"]["template"] if dep["kind"] == "Deployment" else
            dep["spec"]["leaderWorkerTemplate"]["leaderTemplate"])["spec"]
-    side = next(c for c in pod["containers"] if c["name"] == "openai")
-    assert side["readinessProbe"]["httpGet"] == {"path": "/health", "port": 9000}
-    assert {"name": "openai", "port": 9000, "targetPort": 9000} in service["spec"]["ports"]
+    side = [c for c in pod["containers"] if c["name"] == "openai"]
+    if runtime == "pytorch":  # Triton's image is the project's: the sidecar runs in the pod
+        assert "profiles" not in svc
+        assert side[0]["readinessProbe"]["httpGet"] == {"path": "/health", "port": 9000}
+        assert {"name": "openai", "port": 9000, "targetPort": 9000} in service["spec"]["ports"]
+    else:  # the NGC image: the frontend needs TRTPIPE_IMAGE, so compose starts it only with --profile openai and
+        # the pod goes without it (an unset image would keep the pod, and Triton, from starting)
+        assert svc["profiles"] == ["openai"] and side == []
+        assert all(p["name"] != "openai" for p in service["spec"]["ports"])
