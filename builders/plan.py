@@ -217,6 +217,8 @@ class SpeculativePlan(_Frozen):
     max_draft_len: int
     tokens_per_step: int
     """1 + max_draft_len: tokens one generation request runs through the target per step."""
+    max_concurrency: Optional[int] = None
+    """Drafting stops with more requests than this in flight (null: it never stops)."""
     draft_model: Optional[str]
     draft_weights_bytes: int
     """The draft's weights on one rank (:func:`speculative_plan`; 0 for ngram and mtp, whose drafts are text or the
@@ -287,6 +289,7 @@ def speculative_plan(build: ResolvedBuild, tp: int, dtype_bytes: int, kv_dtype_b
         source = {"ngram": "no draft model (drafts are n-grams of the text)",
                   "mtp": "the model's own MTP layers (in its weights)"}[spec.mode]
     return SpeculativePlan(mode=spec.mode, max_draft_len=spec.max_draft_len, tokens_per_step=1 + spec.max_draft_len,
+                           max_concurrency=spec.max_concurrency,
                            draft_model=spec.draft_model, draft_weights_bytes=weights, draft_kv_bytes_per_token=kv,
                            draft_source=source)
 
@@ -634,12 +637,13 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     if spec is not None:
         if spec.draft_source.startswith("draft memory not counted"):
             warnings.append(spec.draft_source)
-        need = lim.max_batch_size * spec.tokens_per_step
+        drafting = min(lim.max_batch_size, sv.speculative_decoding.max_concurrency or lim.max_batch_size)
+        need = drafting * spec.tokens_per_step + (lim.max_batch_size - drafting)  # the rest decode one token
         if lim.max_num_tokens < need:
             warnings.append(f"speculative decoding: a generation step takes 1 + max_draft_len = {spec.tokens_per_step} "
-                            f"tokens per request, so max_num_tokens {lim.max_num_tokens} runs at most "
-                            f"{lim.max_num_tokens // spec.tokens_per_step} of max_batch_size {lim.max_batch_size} "
-                            f"requests a step (raise it to {need})")
+                            f"tokens per drafting request, so max_num_tokens {lim.max_num_tokens} runs at most "
+                            f"{lim.max_num_tokens // spec.tokens_per_step} of {drafting} drafting requests a step "
+                            f"(raise it to {need})")
         if lim.max_batch_size > SPECULATIVE_HELPS_UP_TO and not sv.speculative_decoding.max_concurrency:
             warnings.append(f"speculative decoding gains show at low batch sizes only (TensorRT-LLM's speculative-"
                             f"decoding docs) and max_batch_size is {lim.max_batch_size}: set serving."

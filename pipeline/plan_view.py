@@ -37,8 +37,10 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
     head.add_row("limits", ", ".join(f"{k} {v}" for k, v in plan.limits.as_dict().items()))
     sp = plan.speculative
     if sp is not None:
+        conc = sp.max_concurrency or "any number of"
         head.add_row("speculative", f"{sp.mode}, max_draft_len {sp.max_draft_len} ({sp.tokens_per_step} tokens per "
-                                    f"request a step); draft {sp.draft_model or '-'}: {sp.draft_source}")
+                                    f"request a step), drafting at up to {conc} requests in flight; draft "
+                                    f"{sp.draft_model or '-'}: {sp.draft_source}")
     con.print(head)
 
     mem = Table(title="memory per rank (heaviest pipeline stage)", title_justify="left")

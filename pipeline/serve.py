@@ -42,6 +42,8 @@ TRITON_HOME = Path(os.environ.get("TRTPIPE_TRITON_HOME") or project_root() / ".t
 KNOWN_FAILURES: tuple[tuple[str, str], ...] = (
     ("address already in use", "another process holds the port: stop it (`trtpipe stop`) or pass --http-port/"
                                "--grpc-port/--metrics-port"),
+    ("needs TensorRT-LLM", "this repository is for a GPU host with TensorRT-LLM (runtime trtllm-llmapi): serve it "
+                           "there as its deploy/README.md says; here, build with --runtime pytorch"),
     ("No module named", "the Python models cannot import a package: run `make setup`, or set "
                         "TRTPIPE_PYTHONPATH to the site-packages folder holding torch/transformers/numpy<2"),
     ("cannot reshape array of size 0", "numpy 2.x reached the Python-backend stub: put numpy<2 first on "

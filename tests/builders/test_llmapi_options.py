@@ -256,7 +256,12 @@ def test_unreadable_draft_is_a_warning_and_big_batches_ask_for_max_concurrency(t
     assert any(w.startswith("draft memory not counted") for w in plan.warnings)
     assert any("max_concurrency" in w for w in plan.warnings)  # max_batch_size 64 > 16
     # 64 requests x (1 + 3 draft tokens) = 256 > max_num_tokens 128: at most 32 requests a step
-    assert any("runs at most 32 of max_batch_size 64" in w for w in plan.warnings)
+    assert any("runs at most 32 of 64 drafting requests" in w for w in plan.warnings)
+    # drafting stops above max_concurrency: 16 x 4 + 4080 x 1 tokens fit 8192, no budget warning for 4096 requests
+    capped = _served(tmp_path, "  speculative_decoding: {mode: ngram, max_concurrency: 16}\n", name="c.yaml",
+                     more="limits: {max_batch_size: 4096, max_num_tokens: 8192, max_input_len: 64}\n")
+    assert not [w for w in make_plan(capped, get_target("h100"), hf_config("llama-3.1-8b")).warnings
+                if "max_num_tokens" in w]
     small = _served(tmp_path, "  speculative_decoding: {mode: ngram, max_concurrency: 8}\n", name="s.yaml",
                     more="limits: {max_batch_size: 64, max_num_tokens: 256, max_input_len: 64}\n")
     assert not [w for w in make_plan(small, get_target("h100"), hf_config("llama-3.1-8b")).warnings
