@@ -48,6 +48,21 @@ def _stat(d: dict, *names, q="avg"):
     return None
 
 
+def _run_aiperf(cmd: list[str], art: Path) -> dict:
+    """Run one aiperf profile; its TTFT/ITL p50, request and output-token throughput, errors, wall time."""
+    t = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    found = list(art.rglob("profile_export_aiperf.json"))
+    if proc.returncode != 0 or not found:
+        return {"error": (proc.stderr or proc.stdout)[-800:], "wall_s": time.monotonic() - t}
+    d = json.loads(found[0].read_text())
+    d = d.get("records", d)
+    return {"ttft_p50_ms": _stat(d, "time_to_first_token", "ttft", q="p50"),
+            "itl_p50_ms": _stat(d, "inter_token_latency", q="p50"), "req_s": _stat(d, "request_throughput"),
+            "tok_s": _stat(d, "output_token_throughput"), "failed": _stat(d, "error_request_count") or 0,
+            "wall_s": time.monotonic() - t}
+
+
 def aiperf(binary: str, http_url: str, rate: float, n: int, out_len: int, tokenizer: str, work: Path) -> dict:
     art = work / f"aiperf-{rate:g}"
     cmd = [binary, "profile", "--model", "ensemble", "--url", f"http://{http_url}", "--endpoint-type", "template",
@@ -58,17 +73,7 @@ def aiperf(binary: str, http_url: str, rate: float, n: int, out_len: int, tokeni
            "--prompt-input-tokens-mean", "16", "--prompt-input-tokens-stddev", "0",
            "--prompt-output-tokens-mean", str(out_len), "--prompt-output-tokens-stddev", "0",
            "--ui-type", "none", "--output-artifact-dir", str(art), "--random-seed", "0"]
-    t = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    found = list(art.rglob("profile_export_aiperf.json"))
-    if proc.returncode != 0 or not found:
-        return {"error": (proc.stderr or proc.stdout)[-800:], "wall_s": time.monotonic() - t}
-    d = json.loads(found[0].read_text())
-    d = d.get("records", d)
-    ttft = _stat(d, "time_to_first_token", "ttft", q="p50")
-    return {"ttft_p50_ms": ttft, "req_s": _stat(d, "request_throughput"),
-            "tok_s": _stat(d, "output_token_throughput"), "failed": _stat(d, "error_request_count") or 0,
-            "wall_s": time.monotonic() - t}
+    return _run_aiperf(cmd, art)
 
 
 def ours_openai(base_url: str, rate: float, n: int, out_len: int, tokenizer: str) -> dict:
@@ -93,17 +98,7 @@ def aiperf_openai(binary: str, base_url: str, model: str, rate: float, n: int, o
            "--prompt-output-tokens-mean", str(out_len), "--prompt-output-tokens-stddev", "0",
            "--extra-inputs", "ignore_eos:true", "--extra-inputs", "temperature:0", "--ui-type", "none", "--output-artifact-dir", str(art),
            "--random-seed", "0"]
-    t = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    found = list(art.rglob("profile_export_aiperf.json"))
-    if proc.returncode != 0 or not found:
-        return {"error": (proc.stderr or proc.stdout)[-800:], "wall_s": time.monotonic() - t}
-    d = json.loads(found[0].read_text())
-    d = d.get("records", d)
-    return {"ttft_p50_ms": _stat(d, "time_to_first_token", "ttft", q="p50"),
-            "itl_p50_ms": _stat(d, "inter_token_latency", q="p50"), "req_s": _stat(d, "request_throughput"),
-            "tok_s": _stat(d, "output_token_throughput"), "failed": _stat(d, "error_request_count") or 0,
-            "wall_s": time.monotonic() - t}
+    return _run_aiperf(cmd, art)
 
 
 def main_openai(args) -> int:
