@@ -320,6 +320,60 @@ class MemoryPlan(_Frozen):
     """reserve + weights + draft weights + activations + KV pool on one rank."""
 
 
+class PredictedPoint(_Frozen):
+    """aiconfigurator's prediction at one concurrency (aggregated in-flight batching, steady state)."""
+
+    concurrency: int
+    """Requests in flight (aiconfigurator's batch_size)."""
+    ttft_ms: float
+    tpot_ms: float
+    request_latency_ms: float
+    """TTFT + (osl - 1) x TPOT."""
+    output_tokens_per_s: float
+    """All GPUs of the instance (tp x pp)."""
+    output_tokens_per_s_per_gpu: float
+    output_tokens_per_s_per_user: float
+    kv_cache_warning: Optional[str] = None
+    """aiconfigurator's own KV-capacity check, where it disagrees with this plan's KV pool."""
+
+
+class BackendPrediction(_Frozen):
+    """One serving framework's predictions from its database in aiconfigurator."""
+
+    backend: str
+    """trtllm, vllm or sglang."""
+    version: Optional[str] = None
+    """The framework release the database was measured with (not necessarily the one deployed)."""
+    database_mode: Optional[str] = None
+    """SILICON: every operation from measured kernel tables (or modeled from measured parts); HYBRID: a table
+    lacked the shape and empirical / speed-of-light formulas filled in."""
+    measured_share: Optional[float] = None
+    """Share of predicted latency from measured tables (aiconfigurator's source tags silicon and estimated), 0-1;
+    the rest from formulas. The lowest over the points."""
+    points: list[PredictedPoint] = []
+    error: Optional[str] = None
+    """Why there is no prediction for this framework (its database lacks a kernel, out of memory, ...)."""
+
+
+class PerformancePrediction(_Frozen):
+    """Predicted speed of the build on its target: NVIDIA aiconfigurator's measured-kernel performance model,
+    not a measurement of this build (builders/perf_model.py)."""
+
+    available: bool
+    reason: str = ""
+    """Why there are no predictions (a missing library, a target or family it cannot model)."""
+    source: str = ""
+    """The library and version that predicted."""
+    system: Optional[str] = None
+    isl: int = 0
+    osl: int = 0
+    inputs: dict[str, Any] = {}
+    """What was passed for every point besides the concurrency (quant modes, parallel sizes, ctx_tokens)."""
+    backends: list[BackendPrediction] = []
+    elapsed_s: float = 0.0
+    cached: bool = False
+
+
 class Plan(_Frozen):
     """What a build will be, on which hardware, with which memory: the content of plan.json."""
 
@@ -363,6 +417,8 @@ class Plan(_Frozen):
     plugins_apply: bool
     """True when the runtime builds a TensorRT engine (trtllm); otherwise the list is informative."""
     warnings: list[str]
+    performance: Optional[PerformancePrediction] = None
+    """Predicted TTFT, TPOT and throughput (``trtpipe plan``, runtimes trtllm and trtllm-llmapi on GPU targets)."""
 
     def to_json(self) -> dict:
         return self.model_dump(mode="json")

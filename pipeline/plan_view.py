@@ -103,5 +103,43 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
         if not wide:
             for r in plan.runtime_settings:
                 con.print(f"  [bold]{r.name}[/bold]: {r.reason}", highlight=False)
+    render_performance(plan, con)
     for w in plan.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def render_performance(plan: Plan, con: Console) -> None:
+    """The predicted TTFT / TPOT / throughput table (plan.performance), or why there is none."""
+    perf = plan.performance
+    if perf is None:
+        return
+    if not perf.available:
+        con.print(f"predicted speed: none ({perf.reason})", highlight=False)
+        return
+    inp = perf.inputs
+    t = Table(title=f"predicted speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}", title_justify="left")
+    for col in ("framework", "concurrency", "TTFT ms", "TPOT ms", "latency s", "tok/s", "tok/s/GPU", "tok/s/user"):
+        t.add_column(col, justify="left" if col == "framework" else "right")
+    notes = [f"{perf.source}; inputs: gemm {inp.get('gemm_quant_mode')}, KV {inp.get('kvcache_quant_mode')}, "
+             f"tp {inp.get('tp_size')} x pp {inp.get('pp_size')}, ctx_tokens {inp.get('ctx_tokens')} "
+             f"({'cached' if perf.cached else f'{perf.elapsed_s:.1f} s'})"]
+    for b in perf.backends:
+        label = f"{b.backend} {b.version or ''}".strip()
+        if not b.points:
+            t.add_row(label, "-", "-", "-", "-", "-", "-", "-")
+            notes.append(f"{b.backend}: no prediction ({b.error})")
+            continue
+        share = "" if b.measured_share is None else f", {100 * b.measured_share:.0f}% of the latency from measured kernels"
+        notes.append(f"{b.backend}: database {b.database_mode.lower()}{share}")
+        for i, p in enumerate(b.points):
+            t.add_row(label if i == 0 else "", str(p.concurrency), f"{p.ttft_ms:.1f}", f"{p.tpot_ms:.2f}",
+                      f"{p.request_latency_ms / 1000:.2f}", f"{p.output_tokens_per_s:,.0f}",
+                      f"{p.output_tokens_per_s_per_gpu:,.0f}", f"{p.output_tokens_per_s_per_user:,.1f}")
+        if b.error:
+            notes.append(f"{b.backend}: {b.error}")
+        warn = next((p.kv_cache_warning for p in b.points if p.kv_cache_warning), None)
+        if warn:
+            notes.append(f"{b.backend}: aiconfigurator: {warn}")
+    con.print(t)
+    for n in notes:
+        con.print(f"  {n}", highlight=False)

@@ -107,6 +107,9 @@ class Architecture:
             ``attn_bias``: default true there, false for Qwen3). Filled in by ``builders.quantize``.
         tie_default: ``tie_word_embeddings`` when config.json leaves it out (the HF config class's default:
             True for Gemma 2/3).
+        aiconfigurator: NVIDIA aiconfigurator 0.12's performance model has the architecture
+            (``aiconfigurator_core/sdk/common.py`` ``ARCHITECTURE_TO_MODEL_FAMILY``; recorded in
+            ``tests/facts/aiconfigurator_0_12_0/info.json``): the plan predicts its speed.
     """
 
     name: str
@@ -126,6 +129,7 @@ class Architecture:
     norms_per_layer: int = 2
     trtllm_keys: tuple[str, ...] = ()
     tie_default: bool = False
+    aiconfigurator: bool = False
 
     def linear_shards(self, *, hidden_size: int, heads_rank: int, kv_heads_rank: int, head_dim: int,
                       intermediate_rank: int, experts_rank: int = 0, expert_intermediate_rank: int = 0,
@@ -165,15 +169,15 @@ _MOE_EXPORT = ("ModelOpt 0.47's TensorRT-LLM checkpoint exporter cannot read tra
 
 ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
     Architecture("LlamaForCausalLM", "Llama 2/3/3.1/3.2", "llama", ("trtllm", "hf_unified"), trtllm_build=True,
-                 llmapi=True, reduce_fusion=True, rope_types=("default", "linear", "dynamic", "yarn", "llama3")),
+                 llmapi=True, reduce_fusion=True, rope_types=("default", "linear", "dynamic", "yarn", "llama3"), aiconfigurator=True),
     Architecture("MistralForCausalLM", "Mistral", "llama", ("trtllm", "hf_unified"), trtllm_build=True, llmapi=True,
                  reduce_fusion=True, rope_types=("default", "linear", "dynamic", "yarn")),
     Architecture("Qwen2ForCausalLM", "Qwen2/2.5", "qwen", ("trtllm", "hf_unified"), trtllm_build=True, llmapi=True,
                  qkv_bias=True, rope_types=("default", "yarn", "linear", "dynamic"),
-                 trtllm_keys=("qwen_type", "attn_bias")),
+                 trtllm_keys=("qwen_type", "attn_bias"), aiconfigurator=True),
     Architecture("Qwen3ForCausalLM", "Qwen3", "qwen", ("trtllm", "hf_unified"), trtllm_build=True, llmapi=True,
                  qk_norm=True, rope_types=("default", "yarn", "linear", "dynamic"),
-                 trtllm_keys=("qwen_type", "attn_bias")),
+                 trtllm_keys=("qwen_type", "attn_bias"), aiconfigurator=True),
     Architecture("Gemma2ForCausalLM", "Gemma 2", "gemma2", ("hf_unified",), trtllm_build=True, llmapi=False,
                  why_no_trtllm=_NO_TRTLLM_EXPORT.format(d="gemma2"), portable_attention="eager",
                  rope_types=("default",), tie_default=True, norms_per_layer=4),
@@ -186,17 +190,17 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  hf_fused=("qkv_proj", "gate_up_proj")),
     Architecture("MixtralForCausalLM", "Mixtral", "llama", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm=_MOE_EXPORT, moe=MoE(("num_local_experts",), expert_intermediate_key="intermediate_size"),
-                 rope_types=("default",)),
+                 rope_types=("default",), aiconfigurator=True),
     Architecture("Qwen3MoeForCausalLM", "Qwen3-MoE", "qwen3moe", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm="ModelOpt 0.47 has no TensorRT-LLM MoE export for qwen3moe (layer_utils.build_moe_config "
                                "asserts the decoder type)",
                  qk_norm=True, moe=MoE(("num_experts", "num_local_experts"), sparse_step_key="decoder_sparse_step"),
-                 rope_types=("default", "yarn")),
+                 rope_types=("default", "yarn"), aiconfigurator=True),
     Architecture("Qwen2MoeForCausalLM", "Qwen2-MoE", "qwen", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm=_MOE_EXPORT, qkv_bias=True,
                  moe=MoE(("num_experts", "num_local_experts"), shared_expert_key="shared_expert_intermediate_size",
                          sparse_step_key="decoder_sparse_step"),
-                 rope_types=("default",)),
+                 rope_types=("default",), aiconfigurator=True),
 )}
 """Every architecture the pipeline builds, by HF name."""
 

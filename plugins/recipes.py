@@ -44,6 +44,11 @@ class QuantRecipe:
         block_size: a fixed scale block along the input (NVFP4: one FP8 scale per 16 inputs), 0 when none.
         checkpoint_formats: the checkpoint formats the pipeline writes and reads back for it (NVFP4: the unified
             HF checkpoint only; builders/checkpoint.py reads no FP4 TensorRT-LLM checkpoint).
+        aiconfigurator_gemm, aiconfigurator_moe: NVIDIA aiconfigurator 0.12's ``GEMMQuantMode`` / ``MoEQuantMode``
+            that models the recipe's dense and expert GEMMs (``aiconfigurator_core/sdk/common.py``); None: it has
+            none, and the plan makes no prediction. FP8 is ``fp8_static``: ModelOpt's FP8 has static per-tensor
+            activation scales, the mode aiconfigurator itself infers for ModelOpt FP8 checkpoints
+            (``sdk/models/helpers.py`` ``_infer_quant_modes_from_raw_config``).
     """
 
     name: str
@@ -60,6 +65,8 @@ class QuantRecipe:
     fp4_compute: bool = False
     block_size: int = 0
     checkpoint_formats: tuple[str, ...] = ("trtllm", "hf_unified")
+    aiconfigurator_gemm: Optional[str] = None
+    aiconfigurator_moe: Optional[str] = None
 
     @property
     def quantized(self) -> bool:
@@ -91,16 +98,19 @@ class QuantRecipe:
 
 
 QUANT_RECIPES: dict[str, QuantRecipe] = {r.name: r for r in (
-    QuantRecipe("none", None, None, 16, needs_calibration_data=False, fused_mlp=True),
-    QuantRecipe("fp8", "FP8_DEFAULT_CFG", "FP8", 8, fp8_compute=True, fused_mlp=True),
-    QuantRecipe("int4_awq", "INT4_AWQ_CFG", "W4A16_AWQ", 4, uses_group_size=True, int_weight_gemm=True),
+    QuantRecipe("none", None, None, 16, needs_calibration_data=False, fused_mlp=True,
+                aiconfigurator_gemm="bfloat16", aiconfigurator_moe="bfloat16"),
+    QuantRecipe("fp8", "FP8_DEFAULT_CFG", "FP8", 8, fp8_compute=True, fused_mlp=True,
+                aiconfigurator_gemm="fp8_static", aiconfigurator_moe="fp8"),
+    QuantRecipe("int4_awq", "INT4_AWQ_CFG", "W4A16_AWQ", 4, uses_group_size=True, int_weight_gemm=True,
+                aiconfigurator_gemm="int4_wo", aiconfigurator_moe="int4_wo"),
     QuantRecipe("int4_rtn", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", 4, uses_group_size=True,
-                int_weight_gemm=True),
+                int_weight_gemm=True, aiconfigurator_gemm="int4_wo", aiconfigurator_moe="int4_wo"),
     QuantRecipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", 4, uses_group_size=True, fp8_compute=True),
     QuantRecipe("int8_sq", "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", 8, int_weight_gemm=True,
-                per_channel_scales=True, smoothquant=True),
+                per_channel_scales=True, smoothquant=True, aiconfigurator_gemm="sq"),
     QuantRecipe("nvfp4", "NVFP4_DEFAULT_CFG", "NVFP4", 4, fp4_compute=True, block_size=16,
-                checkpoint_formats=("hf_unified",)),
+                checkpoint_formats=("hf_unified",), aiconfigurator_gemm="nvfp4", aiconfigurator_moe="nvfp4"),
 )}
 """Every recipe by name; ``builders.spec.QuantName`` lists the same names."""
 

@@ -48,6 +48,9 @@ class TargetProfile(BaseModel):
     """Runtimes that can serve on this target."""
     runtime_dtype: Literal["float32", "float16", "bfloat16"]
     """dtype the portable pytorch runtime computes in."""
+    aiconfigurator_system: Optional[str]
+    """NVIDIA aiconfigurator's system name for this GPU (``aiconfigurator_core/systems/<name>.yaml``), whose
+    measured-kernel database predicts the build's speed; null where it has none (the plan says so)."""
 
     @property
     def sm(self) -> Optional[int]:

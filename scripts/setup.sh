@@ -5,6 +5,7 @@
 #     dependencies are an llm plugin stack we do not use);
 #   - the tritonserver binary + Python backend from nvidia-pytriton, --no-deps into .triton/
 #     (its declared dependencies pin numpy<2 and a client stack we do not use);
+#   - aiconfigurator 0.12.0 (NVIDIA's performance model) in its own venv .aiconfigurator/ (it needs numpy>=2.1);
 #   - for the tests, the compose-spec JSON schema from docker-compose 1.29.2, --no-deps into .schemas/.
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
@@ -33,5 +34,15 @@ if [ ! -f .schemas/docker-compose/compose/config/compose_spec.json ]; then
   rm -rf .schemas/docker-compose.tmp
   .venv/bin/python -m pip install -q --no-deps --target .schemas/docker-compose.tmp docker-compose==1.29.2
   rm -rf .schemas/docker-compose && mv .schemas/docker-compose.tmp .schemas/docker-compose
+fi
+if [ ! -f .aiconfigurator/.installed ]; then
+  # NVIDIA's performance model for the plan's predictions and `trtpipe tune`, in its own venv: it needs
+  # numpy>=2.1, the project pins numpy<2 (Triton's Python backend). aiconfigurator-core carries the per-GPU
+  # kernel databases (~80 MB wheel). builders/perf_model.py runs it as a separate process.
+  echo "[setup] installing aiconfigurator==0.12.0 + aiconfigurator-core==0.12.0 into .aiconfigurator/ (own venv)"
+  rm -rf .aiconfigurator
+  "$PY" -m venv .aiconfigurator
+  .aiconfigurator/bin/python -m pip install -q aiconfigurator==0.12.0 aiconfigurator-core==0.12.0
+  touch .aiconfigurator/.installed
 fi
 echo "[setup] done: $(.venv/bin/trtpipe --version)"
