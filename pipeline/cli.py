@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import signal
@@ -161,32 +162,109 @@ def cmd_verify(args) -> int:
 
 def cmd_plan(args) -> int:
     from builders import preflight
+    from pipeline.plan_view import render_plan
+
+    build, target, hf_config = _plan_inputs(args)
+    plan = preflight.make_plan(build, target, hf_config, isl=args.isl, osl=args.osl, spec_checked=True)
+    if not args.no_predict:
+        plan = plan.model_copy(update={"performance": _predict(build, target, plan, hf_config, args)})
+    out = args.output or (_folder(args, build) / "plan.json")
+    plan.write(out)
+    render_plan(plan)
+    print(f"plan: {out}")
+    return 0
+
+
+def _plan_inputs(args):
+    """(build, target, hf_config) as ``plan`` reads them: --hf-config, model.hf_config while the weights are
+    absent, else the model's own config.json; the spec-only rules checked first."""
+    from builders import preflight
     from builders.model_fetch import local_hf_config, resolve_source
     from builders.plan import read_hf_config
-    from pipeline.plan_view import render_plan
     from plugins.targets import get_target
 
     build = _resolve(args)
     target = get_target(build.target)
     stand_in = args.hf_config or (build.model.hf_config if not Path(build.model.source).exists() else None)
     hf_config = None
-    if stand_in:  # --hf-config, or the build file's model.hf_config while the weights are not there
+    if stand_in:
         if not Path(stand_in).is_file():
             raise SpecError([Problem("--hf-config" if args.hf_config else "model.hf_config", stand_in,
                                      "no such file", "point it at the model's config.json")], build.spec_path)
         hf_config = json.loads(Path(stand_in).read_text())
         hf_config.setdefault("_name_or_path", stand_in)
         print(f"planning with {stand_in} (model.source {build.model.source} is not read)")
-    # spec-only rules first, no model fetch on a bad spec; a config.json at hand joins them (all problems at once)
     preflight.check(build, target, hf_config or local_hf_config(build.model.source))
     if hf_config is None:
         hf_config = read_hf_config(resolve_source(build.model.source))
-    plan = preflight.make_plan(build, target, hf_config, isl=args.isl, osl=args.osl, spec_checked=True)
-    out = args.output or (_folder(args, build) / "plan.json")
-    plan.write(out)
-    render_plan(plan)
-    print(f"plan: {out}")
+    return build, target, hf_config
+
+
+def cmd_tune(args) -> int:
+    from builders import perf_model
+    from pipeline import tune
+    from pipeline.tune_view import render_tune
+
+    build, target, hf_config = _plan_inputs(args)
+    spec_path = Path(build.spec_path)
+    gpus = args.gpus or target.gpus_per_node
+    slo = tune.Slo(isl=args.isl, osl=args.osl, ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
+    out = Path(args.output) if args.output else tune.default_output(spec_path, build.target)
+    if out.exists() and not args.force:  # before the search: it takes seconds
+        raise SpecError([Problem("--output", str(out), "exists", "pass --force to replace it, or another --output",
+                                 code="output_exists")])
+    try:
+        with _progress(not args.no_progress, "tune") as step:
+            result = tune.tune(spec_path, build, target, hf_config, slo, gpus=gpus,
+                               max_ppl_delta_pct=args.max_ppl_delta_pct,
+                               progress=lambda phase, done, total: step(done, total))
+    except perf_model.PerfModelUnavailable as e:
+        print(f"error: no prediction: {e}", file=sys.stderr)
+        return 2
+    default = None
+    if args.compare_default:
+        with _progress(not args.no_progress, "aiconfigurator default") as step:
+            picks = tune.library_default(build, target, hf_config, slo, gpus)
+        default = [(p, tune.judge_pick(spec_path, build, target, hf_config, slo, p, args.max_ppl_delta_pct,
+                                       result.accuracy)) for p in picks]
+    render_tune(build, result, default)
+    if result.best is None:
+        print(f"no candidate meets TTFT <= {slo.ttft_ms:g} ms and TPOT <= {slo.tpot_ms:g} ms (the closest are "
+              "listed above with what each misses by); relax the targets, allow more --gpus or a larger "
+              "--max-ppl-delta-pct", file=sys.stderr)
+        return 1
+    plan = tune.write_build_file(spec_path, out, build, target, hf_config, result, force=args.force)
+    print(f"build file: {out} (plans cleanly: {plan.memory.kv.workload_concurrency} sequences of "
+          f"{slo.isl}+{slo.osl} in flight; build it with: trtpipe build {out} --target {build.target})")
     return 0
+
+
+def _predict(build, target, plan, hf_config, args):
+    """The plan's predicted speed (builders.perf_model), with a progress line while aiconfigurator runs."""
+    from builders import perf_model
+
+    if perf_model.refusal(build, target, hf_config):
+        return perf_model.predict_plan(build, target, plan, hf_config)
+    with _progress(not args.no_progress, "predicting with aiconfigurator") as step:
+        return perf_model.predict_plan(build, target, plan, hf_config, progress=step)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, what: str):
+    """Yield step(done, total) that draws a transient rich progress bar on stderr (nothing when disabled)."""
+    if not enabled:
+        yield lambda done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(what, total=None)
+
+        def step(done, total):
+            bar.update(task, completed=done, total=total)
+        yield step
 
 
 def server_config(args, build):
@@ -467,7 +545,37 @@ def make_parser() -> argparse.ArgumentParser:
                                                               "build/<name>/<target>/plan.json)")
     pl.add_argument("--hf-config", default=None, help="plan against this HF config.json instead of fetching "
                     "model.source (default: the build file's model.hf_config while model.source is absent)")
+    pl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pl.add_argument("--no-predict", action="store_true", help="skip the predicted TTFT/TPOT/throughput "
+                    "(NVIDIA aiconfigurator; runtimes trtllm and trtllm-llmapi on GPU targets)")
     pl.set_defaults(func=cmd_plan)
+
+    tn = sub.add_parser("tune", help="pick the settings with the most predicted goodput per GPU under a TTFT/TPOT "
+                                     "target and write them as a build file",
+                        description="Search quantization recipe x KV dtype x tp x pp (x ep) x max_batch_size x "
+                                    "max_num_tokens x KV memory fraction; drop what the pre-flight rules, the memory "
+                                    "plan or the accuracy limit refuse; rank the rest by goodput per GPU predicted "
+                                    "by NVIDIA aiconfigurator (a prediction from its measured-kernel database, not "
+                                    "a measurement); print the Pareto table and write the choice as a build file. "
+                                    "Exit 1 when no candidate meets the targets (the closest are listed).")
+    _add_build_args(tn)
+    tn.add_argument("--isl", type=int, required=True, help="input length in tokens")
+    tn.add_argument("--osl", type=int, required=True, help="output length in tokens")
+    tn.add_argument("--ttft-ms", type=float, required=True, help="time-to-first-token target in ms")
+    tn.add_argument("--tpot-ms", type=float, required=True, help="time-per-output-token target in ms")
+    tn.add_argument("--gpus", type=int, default=None, help="GPUs one instance may use (default: the target's "
+                                                          "gpus_per_node)")
+    tn.add_argument("--max-ppl-delta-pct", type=float, default=5.0,
+                    help="drop recipes whose measured perplexity delta exceeds this (default 5; from verify.json "
+                         "of a build of this file, else the recorded quantization table)")
+    tn.add_argument("--output", default=None, help="build file to write (default: <build file>.tuned-<target>.yaml "
+                                                   "beside the build file)")
+    tn.add_argument("--force", action="store_true", help="replace --output if it exists")
+    tn.add_argument("--hf-config", default=None, help="the model's config.json (as for plan)")
+    tn.add_argument("--compare-default", action="store_true", help="also run aiconfigurator's own default search "
+                                                                   "for the same inputs and compare (~20 s)")
+    tn.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tn.set_defaults(func=cmd_tune)
 
     d = sub.add_parser("deploy", help="(re)write or print the docker compose / Kubernetes files of a built build",
                        description="Write build/<name>/<target>/deploy/ (docker-compose.yaml, k8s/*.yaml) for a build "
