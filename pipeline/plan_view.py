@@ -118,19 +118,20 @@ def render_performance(plan: Plan, con: Console) -> None:
         return
     inp = perf.inputs
     t = Table(title=f"predicted speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}", title_justify="left")
-    for col in ("framework", "concurrency", "TTFT ms", "TPOT ms", "latency s", "tok/s", "tok/s/GPU", "tok/s/user"):
-        t.add_column(col, justify="left" if col == "framework" else "right")
+    for col in ("framework", "conc", "TTFT ms", "TPOT ms", "latency s", "tok/s", "tok/s/GPU", "tok/s/user"):
+        t.add_column(col, justify="left" if col == "framework" else "right", no_wrap=col == "framework")
     notes = [f"{perf.source}; inputs: gemm {inp.get('gemm_quant_mode')}, KV {inp.get('kvcache_quant_mode')}, "
-             f"tp {inp.get('tp_size')} x pp {inp.get('pp_size')}, ctx_tokens {inp.get('ctx_tokens')} "
+             f"tp {inp.get('tp_size')} x pp {inp.get('pp_size')}, ctx_tokens min(max_num_tokens "
+             f"{inp.get('ctx_tokens')}, concurrency x ISL) "
              f"({'cached' if perf.cached else f'{perf.elapsed_s:.1f} s'})"]
     for b in perf.backends:
-        label = f"{b.backend} {b.version or ''}".strip()
+        label = b.backend
         if not b.points:
             t.add_row(label, "-", "-", "-", "-", "-", "-", "-")
-            notes.append(f"{b.backend}: no prediction ({b.error})")
+            notes.append(f"{b.backend}: no prediction from database {b.version} ({b.error})")
             continue
         share = "" if b.measured_share is None else f", {100 * b.measured_share:.0f}% of the latency from measured kernels"
-        notes.append(f"{b.backend}: database {b.database_mode.lower()}{share}")
+        notes.append(f"{b.backend}: database {b.version} ({b.database_mode.lower()}){share}")
         for i, p in enumerate(b.points):
             t.add_row(label if i == 0 else "", str(p.concurrency), f"{p.ttft_ms:.1f}", f"{p.tpot_ms:.2f}",
                       f"{p.request_latency_ms / 1000:.2f}", f"{p.output_tokens_per_s:,.0f}",

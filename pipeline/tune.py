@@ -31,7 +31,8 @@ from plugins.errors import Problem, SpecError
 from plugins.recipes import QUANT_RECIPES
 from plugins.targets import TargetProfile
 
-BATCH_SIZES = (8, 16, 32, 64, 128, 256, 512)
+BATCH_SIZES = (8, 16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512)
+"""max_batch_size values searched (aiconfigurator's own agg sweep steps as finely above 64)."""
 MAX_NUM_TOKENS = (2048, 4096, 8192, 16384)
 KV_FRACTIONS = (0.9, 0.95)
 PP_SIZES = (1, 2, 4, 8)
@@ -128,6 +129,7 @@ class TuneResult:
     cached_points: int
     elapsed_s: float
     backend_version: Optional[str] = None
+    max_ppl_delta_pct: Optional[float] = DEFAULT_MAX_PPL_DELTA_PCT
 
     @property
     def ranked(self) -> list[Scored]:
@@ -260,7 +262,7 @@ def tune(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config
         if s.concurrency < 1:
             s.refused = "kv: no sequence of ISL+OSL fits"
             continue
-        p = {**perf_model.base_point(cb, target, plan, hf_config), "backend": "trtllm", "batch_size": s.concurrency}
+        p = perf_model.at_concurrency(perf_model.base_point(cb, target, plan, hf_config), "trtllm", s.concurrency)
         k = json.dumps(p, sort_keys=True)
         if k not in where:
             where[k] = len(points)
@@ -282,7 +284,8 @@ def tune(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config
         s.meets_slo = not over
         s.misses = ", ".join(over)
     result = TuneResult(slo=slo, gpus=gpus, scored=scored, best=None, accuracy=accuracy, refusals=refusals,
-                        predicted_points=len(points), cached_points=cached, elapsed_s=0.0, backend_version=version)
+                        predicted_points=len(points), cached_points=cached, elapsed_s=0.0, backend_version=version,
+                        max_ppl_delta_pct=max_ppl_delta_pct)
     ranked = result.ranked
     result.best = ranked[0] if ranked and ranked[0].meets_slo else None
     result.elapsed_s = round(time.monotonic() - t0, 2)
@@ -353,7 +356,8 @@ def tuned_build_file(spec_path: Path, out_path: Path, build: ResolvedBuild, resu
     a = best.prediction
     slo = result.slo
     head = [f"Written by `trtpipe tune {spec_path.name} --target {build.target} --isl {slo.isl} --osl {slo.osl} "
-            f"--ttft-ms {slo.ttft_ms:g} --tpot-ms {slo.tpot_ms:g} --gpus {result.gpus}`.",
+            f"--ttft-ms {slo.ttft_ms:g} --tpot-ms {slo.tpot_ms:g} --gpus {result.gpus} --max-ppl-delta-pct "
+            f"{result.max_ppl_delta_pct:g}`.",
             f"Predicted (aiconfigurator {perf_model.AICONFIGURATOR_VERSION}, trtllm {a.get('backend_version')} "
             f"database, {a.get('database_mode', '').lower()}; a prediction, not a measurement): "
             f"TTFT {a['ttft_ms']:.0f} ms, TPOT {a['tpot_ms']:.1f} ms at {best.concurrency} in flight, "
