@@ -118,6 +118,8 @@ def cmd_build(args) -> int:
 def cmd_deploy(args) -> int:
     from pipeline.build import deploy_build
 
+    if args.engine == "dynamo":
+        return _deploy_dynamo(args)
     build = _resolve(args)
     out = _folder(args, build)
     if args.print:
@@ -139,6 +141,55 @@ def cmd_deploy(args) -> int:
         print(f"  {result.path / rel}")
     print(f"run: docker compose -f {result.path / 'docker-compose.yaml'} up    or    "
           f"kubectl apply -f {result.path / 'k8s'}/   (see docs/deploy.md)")
+    return 0
+
+
+def _deploy_dynamo(args) -> int:
+    """``deploy --engine dynamo``: the DynamoGraphDeployment files (model_repo.dynamo), from the spec and its plan."""
+    from builders.layout import build_dir, resolve_build, variant
+    from model_repo import dynamo
+    from plugins.fsutil import atomic_dir
+    from plugins.targets import get_target
+
+    build, target, hf_config = _plan_inputs(args)
+    if build.runtime.name == "trtllm":  # Dynamo's worker loads the HF checkpoint: the build's trtllm-llmapi variant
+        print(f"runtime trtllm builds a TensorRT engine; Dynamo's TensorRT-LLM worker runs the PyTorch backend on the "
+              f"unified HF checkpoint: deploying the build's trtllm-llmapi variant")
+        llm = resolve_build(args.build, build.target, quant=args.quant, runtime="trtllm-llmapi")
+        var = variant(args.quant, "trtllm-llmapi", args.build, build.target)
+    else:
+        llm, var = build, _variant(args)
+    ckpt = build_dir(llm, args.out, var) / "checkpoint"
+    cmd = (f"trtpipe build {args.build} --target {build.target}" + (f" --quant {args.quant}" if args.quant else "")
+           + (" --runtime trtllm-llmapi" if llm is not build or args.runtime else ""))
+    plan, problems = dynamo.plan_dynamo(
+        llm, get_target(build.target), hf_config, disagg=args.disagg, checkpoint_folder=str(ckpt),
+        build_command=cmd, router_mode=args.router_mode, kv_transfer=args.kv_transfer, replicas=args.replicas,
+        prefill=(args.prefill_tp, args.prefill_pp, args.prefill_replicas),
+        decode=(args.decode_tp, args.decode_pp, args.decode_replicas))
+    if problems:
+        raise SpecError(problems, build.spec_path, what="the Dynamo deployment")
+    plan.namespace = args.namespace
+    files = dynamo.render(plan)
+    problems = dynamo.graph_problems(dynamo.documents(files), plan.workers[0].gpus_per_node)
+    if problems:  # a bug of ours, not of the input: nothing is written
+        raise SpecError(problems, build.spec_path, what="the generated Dynamo files")
+    out = _folder(args, build) / "dynamo" / ("disagg" if args.disagg else "agg")
+    if args.print:
+        for rel, text in files.items():
+            print(f"# ---- {rel}")
+            sys.stdout.write(text)
+        return 0
+    with atomic_dir(out) as tmp:
+        for rel, text in files.items():
+            (tmp / rel).write_text(text)
+    print(f"Dynamo {dynamo.DYNAMO_VERSION} files for {build.name} on {build.target} "
+          f"({'disaggregated' if args.disagg else 'aggregated'}, router {plan.router_mode}):")
+    for w in plan.workers:
+        print(f"  {w.name}: tp {w.tp_size} x pp {w.pp_size} = {w.gpus} GPU(s) x {w.replicas} replica(s)")
+    for rel in files:
+        print(f"  {out / rel}")
+    print(f"next: {out / 'README.md'} (install the operator, copy {ckpt} to the volume, kubectl apply)")
     return 0
 
 
@@ -584,6 +635,22 @@ def make_parser() -> argparse.ArgumentParser:
     _add_build_args(d)
     d.add_argument("--print", action="store_true", help="print the files to stdout instead of writing them")
     d.add_argument("--force", action="store_true", help="rewrite even when up to date")
+    dy = d.add_argument_group("NVIDIA Dynamo (--engine dynamo: build/<name>/<target>/dynamo/{agg,disagg}/, from the "
+                              "spec and its plan; the build need not exist yet)")
+    dy.add_argument("--engine", choices=("triton", "dynamo"), default="triton",
+                    help="triton: Triton on one node (default); dynamo: a DynamoGraphDeployment for Dynamo's operator")
+    dy.add_argument("--disagg", action="store_true", help="separate prefill and decode workers (KV moved between them)")
+    dy.add_argument("--router-mode", default="kv", help="the frontend's router: kv (KV-aware, default), round-robin, "
+                                                       "random, ...")
+    dy.add_argument("--kv-transfer", default="NIXL", help="KV transfer backend of disaggregated workers: NIXL "
+                                                          "(default), UCX, MPI or DEFAULT")
+    dy.add_argument("--replicas", type=int, default=1, help="worker replicas (aggregated)")
+    for role in ("prefill", "decode"):
+        dy.add_argument(f"--{role}-tp", type=int, default=None, help=f"tp_size of {role} workers (default: the build's)")
+        dy.add_argument(f"--{role}-pp", type=int, default=None, help=f"pp_size of {role} workers (default: the build's)")
+        dy.add_argument(f"--{role}-replicas", type=int, default=1, help=f"{role} worker replicas (default 1)")
+    dy.add_argument("--namespace", default=None, help="Kubernetes namespace in the metadata (default: none: kubectl's)")
+    dy.add_argument("--hf-config", default=None, help="the model's config.json (as for plan)")
     d.set_defaults(func=cmd_deploy)
 
     for name, func, helptext in (("serve", cmd_serve, "start tritonserver (or trtllm-serve) on the build and wait "

@@ -6,6 +6,7 @@
 #   - the tritonserver binary + Python backend from nvidia-pytriton, --no-deps into .triton/
 #     (its declared dependencies pin numpy<2 and a client stack we do not use);
 #   - aiconfigurator 0.12.0 (NVIDIA's performance model) in its own venv .aiconfigurator/ (it needs numpy>=2.1);
+#   - NVIDIA Dynamo 1.6.1 (frontend, router, mock engine) in its own venv .dynamo/, for a local Dynamo test;
 #   - for the tests, the compose-spec JSON schema from docker-compose 1.29.2, --no-deps into .schemas/.
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
@@ -44,5 +45,20 @@ if [ ! -f .aiconfigurator/.installed ]; then
   "$PY" -m venv .aiconfigurator
   .aiconfigurator/bin/python -m pip install -q aiconfigurator==0.12.0 aiconfigurator-core==0.12.0
   touch .aiconfigurator/.installed
+fi
+if [ ! -f .dynamo/.installed ]; then
+  # NVIDIA Dynamo 1.6.1's frontend, KV router and mock engine, for the test that runs the generated Dynamo settings
+  # locally (tests/model_repo/test_dynamo_local.py). ai-dynamo 1.6.1 pins aisimulate==0.13.0, which has no
+  # installable release on PyPI (a stub for NVIDIA's index), and the frontend and mocker do not import it: so
+  # ai-dynamo goes in --no-deps and its other declared dependencies are installed by name.
+  echo "[setup] installing ai-dynamo==1.6.1 (frontend, router, mocker) into .dynamo/ (own venv)"
+  rm -rf .dynamo
+  "$PY" -m venv .dynamo
+  .dynamo/bin/python -m pip install -q ai-dynamo-runtime==1.6.1
+  .dynamo/bin/python -m pip install -q --no-deps ai-dynamo==1.6.1
+  .dynamo/bin/python -m pip install -q "aiohttp>=3.14.3,<4.0" "certifi>=2026.10.19" "kubernetes>=32.0.1,<33.0.0" \
+    "msgspec>=0.19.0" "prometheus-client>=0.23.1,<1.0" "pyzmq>=26.0.0" "redis>=6.2.0,<9.0.0" "tqdm>=4.0.0" \
+    "transformers>=4.56.0" "typing-extensions>=4.10.0" "zstandard>=0.23.0,<1.0"
+  touch .dynamo/.installed
 fi
 echo "[setup] done: $(.venv/bin/trtpipe --version)"
