@@ -88,12 +88,13 @@ def load_checkpoint_model(ckpt_dir: Path, hf_dir: Path):
 def compare_models(source, candidate, windows: list[list[int]]) -> dict:
     """Score ``candidate`` against ``source`` on token windows (one forward per window and model)."""
     nll_s = nll_c = kl = 0.0
-    agree = positions = 0
+    agree = positions = nonfinite = 0
     max_err = 0.0
     for ids in windows:
         x = torch.tensor([ids])
         ls = source(x).logits[0, :-1].float()
         lc = candidate(x).logits[0, :-1].float()
+        nonfinite += int((~torch.isfinite(lc)).sum().item())  # inf/NaN weights (an fp16 overflow) end here
         target = x[0, 1:]
         lps, lpc = ls.log_softmax(-1), lc.log_softmax(-1)
         nll_s -= lps.gather(-1, target[:, None]).sum().item()
@@ -103,21 +104,32 @@ def compare_models(source, candidate, windows: list[list[int]]) -> dict:
         positions += target.numel()
         max_err = max(max_err, (ls - lc).abs().max().item())
     ppl_s, ppl_c = math.exp(nll_s / positions), math.exp(nll_c / positions)
+    mean_kl = kl / positions
     return {"source_perplexity": ppl_s, "perplexity": ppl_c,
             "perplexity_delta_pct": 100.0 * (ppl_c - ppl_s) / ppl_s,
-            "top1_agreement": agree / positions, "mean_kl": max(0.0, kl / positions),
-            "max_logit_error": max_err, "positions": positions}
+            # argmax over NaN logits picks an index anyway: agreement counts only where the candidate is finite
+            "top1_agreement": agree / positions if not nonfinite else 0.0,
+            "mean_kl": mean_kl if not math.isfinite(mean_kl) else max(0.0, mean_kl),  # max() would hide a NaN
+            "max_logit_error": max_err, "positions": positions, "nonfinite_logits": nonfinite}
 
 
 def check_gates(metrics: dict, gates) -> list[dict]:
-    """Every gate with its threshold, measured value and verdict (thresholds left null are skipped)."""
-    out = []
+    """Every gate with its threshold, measured value and verdict (thresholds left null are skipped).
+
+    One check always runs, whatever the gates: the candidate's logits are finite (``nonfinite_logits`` 0) and every
+    metric is a number. A checkpoint with inf/NaN weights gives NaN perplexity, and NaN compares false with any
+    threshold, so no threshold gate alone can be trusted to fail it.
+    """
+    bad = [k for k, v in metrics.items() if isinstance(v, float) and not math.isfinite(v)]
+    n = int(metrics.get("nonfinite_logits", 0))
+    out = [{"field": "finite", "metric": "nonfinite_logits", "value": n, "threshold": 0,
+            "passed": n == 0 and not bad, "nonfinite_metrics": bad}]
     for g in GATES:
         threshold = getattr(gates, g.field)
         if threshold is None:
             continue
         value = metrics[g.metric]
-        ok = value >= threshold if g.higher_is_better else value <= threshold
+        ok = math.isfinite(value) and (value >= threshold if g.higher_is_better else value <= threshold)
         out.append({"field": f"gates.{g.field}", "metric": g.metric, "value": value, "threshold": threshold,
                     "passed": bool(ok)})
     return out
@@ -164,7 +176,10 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
         Path(out_json).write_text(json.dumps(report, indent=2) + "\n")
     failed = [c for c in checks if not c["passed"]]
     if failed:
-        lines = "; ".join(f"{c['field']}: measured {c['value']:.6g}, threshold {c['threshold']:.6g}" for c in failed)
+        lines = "; ".join(f"{c['field']}: measured {c['value']:.6g}, threshold {c['threshold']:.6g}"
+                          + (f" (non-finite: {', '.join(c['nonfinite_metrics'])}; the checkpoint holds inf/NaN "
+                             "values, e.g. an fp16 overflow: quantize from bfloat16/float32)"
+                             if c["field"] == "finite" else "") for c in failed)
         raise GateError(f"quality gate failed for {info.quant_algo or 'unquantized'} checkpoint {ckpt_dir}: {lines} "
                         f"(perplexity {metrics['perplexity']:.4g} vs source {metrics['source_perplexity']:.4g}, "
                         f"top-1 agreement {metrics['top1_agreement']:.4f}, mean KL {metrics['mean_kl']:.4g} nats). "

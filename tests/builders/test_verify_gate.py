@@ -70,7 +70,31 @@ def test_identical_models_score_perfectly():
     assert metrics["perplexity_delta_pct"] == 0 and metrics["top1_agreement"] == 1.0
     assert metrics["mean_kl"] == 0 and metrics["max_logit_error"] == 0 and metrics["positions"] == 38
     checks = check_gates(metrics, QualityGate(min_top1_agreement=1.0, max_mean_kl=0.0))
-    assert [c["passed"] for c in checks] == [True, True]
+    assert [c["field"] for c in checks] == ["finite", "gates.min_top1_agreement", "gates.max_mean_kl"]
+    assert [c["passed"] for c in checks] == [True, True, True]
+
+
+def test_inf_weights_fail_verify_whatever_the_gates():
+    """An fp16 overflow (inf in a weight) gave perplexity NaN with top-1 agreement 1.0, KL 0 and passed: true."""
+    import copy
+
+    import torch
+
+    from builders.verify import check_gates, compare_models
+    from builders.spec import QualityGate
+
+    m = tiny_llama_model(vocab=100, hidden=32, intermediate=64, layers=1, heads=2, kv_heads=1, tie=False)
+    broken = copy.deepcopy(m)
+    with torch.no_grad():
+        broken.model.layers[0].mlp.down_proj.weight[0, 0] = float("inf")
+    metrics = compare_models(m, broken, [list(range(20)), list(range(20, 40))])
+    assert metrics["nonfinite_logits"] > 0 and metrics["top1_agreement"] == 0.0
+    for gates in (QualityGate(), QualityGate(min_top1_agreement=0.5, max_mean_kl=1.0)):
+        checks = check_gates(metrics, gates)
+        assert not all(c["passed"] for c in checks)
+        assert checks[0]["field"] == "finite" and not checks[0]["passed"]
+    kl = [c for c in check_gates(metrics, QualityGate(max_mean_kl=1.0)) if c["field"] == "gates.max_mean_kl"]
+    assert kl and not kl[0]["passed"]  # NaN KL is not "<= 1.0"
 
 
 def test_planner_refuses_tp2_for_smollm2():
