@@ -543,7 +543,7 @@ def write_repository(plan: RepositoryPlan, out_dir: Path, *, atomic: bool = True
     if problems:
         raise StageError("model repository is inconsistent:\n  - " + "\n  - ".join(problems))
     if atomic:
-        with atomic_dir(out_dir) as tmp:
+        with atomic_dir(out_dir, marker="repository_plan.json") as tmp:
             _write(plan, rendered, tmp)
     else:
         _write(plan, rendered, out_dir)

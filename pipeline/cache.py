@@ -73,7 +73,7 @@ def run_stage(name: str, out: Path, key: str, produce: Callable[[Path], dict], *
             log.info("%-10s up to date (key %s), reusing %s", name, key, out)
             return StageResult(name, out, key, True, prev.get("timing", {}), prev.get("info", {}))
     log.info("%-10s running -> %s", name, out)
-    with measure(name) as timing, atomic_dir(out) as tmp:
+    with measure(name) as timing, atomic_dir(out, marker="stage.json") as tmp:
         info = produce(tmp) or {}
         (tmp / "stage.json").write_text(json.dumps({"stage": name, "key": key, "info": info}, default=str))
     record = {"stage": name, "key": key, "timing": timing.as_dict(), "info": info}

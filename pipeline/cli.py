@@ -180,7 +180,7 @@ def _deploy_dynamo(args) -> int:
             print(f"# ---- {rel}")
             sys.stdout.write(text)
         return 0
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, marker="dgd.yaml") as tmp:
         for rel, text in files.items():
             (tmp / rel).write_text(text)
     print(f"Dynamo {dynamo.DYNAMO_VERSION} files for {build.name} on {build.target} "
@@ -215,6 +215,8 @@ def cmd_plan(args) -> int:
     from builders import preflight
     from pipeline.plan_view import render_plan
 
+    if args.output is not None:
+        _check_plan_output(Path(args.output), args.force)
     build, target, hf_config = _plan_inputs(args)
     plan = preflight.make_plan(build, target, hf_config, isl=args.isl, osl=args.osl, spec_checked=True)
     if not args.no_predict:
@@ -224,6 +226,21 @@ def cmd_plan(args) -> int:
     render_plan(plan)
     print(f"plan: {out}")
     return 0
+
+
+def _check_plan_output(out: Path, force: bool) -> None:
+    """``plan --output``: a file path; an existing file only when it is a plan this tool wrote, or with --force."""
+    if out.is_dir():
+        raise SpecError([Problem("--output", str(out), "is a folder", f"name a file, e.g. {out / 'plan.json'}",
+                                 code="output_is_dir")])
+    if out.exists() and not force:
+        try:
+            ours = {"build", "target", "memory"} <= set(json.loads(out.read_text()))
+        except (OSError, ValueError, TypeError):
+            ours = False
+        if not ours:
+            raise SpecError([Problem("--output", str(out), "exists and is not a plan.json written by trtpipe",
+                                     "pass --force to replace it, or another --output", code="output_exists")])
 
 
 def _plan_inputs(args):
@@ -597,6 +614,7 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--hf-config", default=None, help="plan against this HF config.json instead of fetching "
                     "model.source (default: the build file's model.hf_config while model.source is absent)")
     pl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pl.add_argument("--force", action="store_true", help="replace --output even when it is not a plan.json")
     pl.add_argument("--no-predict", action="store_true", help="skip the predicted TTFT/TPOT/throughput "
                     "(NVIDIA aiconfigurator; runtimes trtllm and trtllm-llmapi on GPU targets)")
     pl.set_defaults(func=cmd_plan)

@@ -33,14 +33,25 @@ def cache_root() -> Path:
 
 
 @contextlib.contextmanager
-def atomic_dir(final: Path) -> Iterator[Path]:
+def atomic_dir(final: Path, marker: str | None = None) -> Iterator[Path]:
     """Yield a temporary sibling folder; on success replace ``final`` with it, on error delete it.
 
     A later stage or a server only ever sees ``final`` complete: the rename is atomic on
     one filesystem. Temporary folders are named ``.<name>.tmp-<id>`` so globbing for stage
     outputs never matches them.
+
+    ``marker``: a file (relative path) every folder this writer makes holds (``stage.json`` for a stage). An existing
+    non-empty ``final`` without it was not written by trtpipe and is never replaced.
+
+    Raises:
+        PipelineError: ``final`` is someone else's folder (before anything is written).
     """
     final = Path(final)
+    if marker and final.is_dir() and any(final.iterdir()) and not (final / marker).exists():
+        from plugins.errors import PipelineError
+
+        raise PipelineError(f"{final} exists and was not written by trtpipe (no {marker} in it): it is left as it "
+                            "is. Fix: move it away, or choose another output root (--out)")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -98,7 +109,11 @@ def write_json(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
-    tmp.replace(path)
+    try:
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)  # never leave the temporary file where the output should be
+        raise
 
 
 @dataclass
