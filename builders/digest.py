@@ -2,8 +2,10 @@
 
 Hashing a checkpoint's bytes takes seconds (270 MB for SmolLM2-135M); a no-op rebuild must
 not pay that. :func:`source_digest` keeps ``<cache>/digests.json``: for each folder, a
-fingerprint of its files' relative names, sizes and modification times (nanoseconds) and
-the SHA-256 of their contents. When the fingerprint is unchanged the stored digest is
+fingerprint of its files' relative names, sizes, modification and status-change times
+(nanoseconds) and inode numbers, and the SHA-256 of their contents. The status-change time (ctime) is
+what no copy tool can restore: ``cp -p`` and ``rsync -a`` put back the mtime of a changed file of the
+same size, never its ctime. When the fingerprint is unchanged the stored digest is
 returned; otherwise the folder is hashed again and the entry replaced.
 """
 
@@ -21,11 +23,11 @@ MEMO_NAME = "digests.json"
 
 
 def fingerprint(path: Path) -> str:
-    """SHA-256 of (relative name, size, mtime_ns) of every file under ``path``: cheap, stat only."""
+    """SHA-256 of (relative name, size, mtime_ns, ctime_ns, inode) of every file under ``path``: cheap, stat only."""
     h = hashlib.sha256()
     for f in sorted(p for p in Path(path).rglob("*") if p.is_file()):
         st = f.stat()
-        h.update(f"{f.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        h.update(f"{f.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n".encode())
     return h.hexdigest()
 
 
