@@ -701,9 +701,34 @@ def write_state(path: Path, server: TritonServer | TrtllmServe, frontend: OpenAI
     """Record a started server in ``path`` (the build's server.json): ``server`` (tritonserver or trtllm-serve),
     ``pid``, its addresses, ``log``, and ``openai`` (the frontend's pid, url, log) when one runs beside it."""
     state = server.state()
+    state["create_time"] = _create_time(state["pid"])
     if frontend is not None:
-        state["openai"] = frontend.state()
+        state["openai"] = {**frontend.state(), "create_time": _create_time(frontend.proc.pid)}
     path.write_text(json.dumps(state, indent=2) + "\n")
+
+
+def _create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def _recorded_process(pid: int, create_time: float | None, program: str) -> bool:
+    """Whether ``pid`` is still the process server.json recorded: same start time (psutil ``create_time``), or,
+    in a file without one, a command line naming ``program``. A reused pid, or a server.json copied from elsewhere,
+    must never make ``stop`` end an unrelated process."""
+    import psutil
+
+    try:
+        proc = psutil.Process(int(pid))
+        if create_time is not None:
+            return abs(proc.create_time() - float(create_time)) < 0.05
+        return any(program in arg for arg in proc.cmdline())
+    except (psutil.Error, ValueError, TypeError):
+        return False
 
 
 def terminate_server(pid: int, timeout: float = 40.0) -> dict:
@@ -772,10 +797,15 @@ def stop_from_state(path: Path, timeout: float = 40.0) -> dict | None:
         return None
     state = json.loads(path.read_text())
     pid = state["pid"]
-    front = (state.get("openai") or {}).get("pid")
-    if front and _alive(int(front)):  # first: it holds gRPC streams to the server
-        terminate_server(int(front), 10)
-    result = terminate_server(pid, timeout) if _alive(pid) else None
+    program = state.get("server", TritonServer.program)
+    front = state.get("openai") or {}
+    if front.get("pid") and _recorded_process(front["pid"], front.get("create_time"), "openai_frontend"):
+        terminate_server(int(front["pid"]), 10)  # first: it holds gRPC streams to the server
+    ours = _recorded_process(pid, state.get("create_time"), program)
+    if not ours and _alive(int(pid)):
+        log.warning("%s names pid %s, which is not the %s it recorded (another process now): left alone",
+                    path, pid, program)
+    result = terminate_server(pid, timeout) if ours else None
     path.unlink(missing_ok=True)
     if result is not None:
         result["server"] = state.get("server", TritonServer.program)
@@ -788,7 +818,7 @@ def running_from_state(path: Path) -> dict | None:
         return None
     with contextlib.suppress(ValueError, KeyError, OSError):
         state = json.loads(path.read_text())
-        if _alive(int(state["pid"])):
+        if _recorded_process(state["pid"], state.get("create_time"), state.get("server", TritonServer.program)):
             return state
     return None
 

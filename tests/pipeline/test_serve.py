@@ -106,3 +106,36 @@ def test_model_that_fails_to_load_is_named_with_its_log(built_default, tmp_path)
     relevant = msg.split("relevant log lines:\n")[1].split("\nsuggested fixes:")[0].splitlines()
     assert len(relevant) == len(set(relevant)) and relevant
     assert "CUDA driver version" not in msg and "NVML" not in msg
+
+
+def test_stop_leaves_alone_a_process_that_is_not_the_recorded_server(tmp_path):
+    """A stale or copied server.json must not make `trtpipe stop` end an unrelated process (a reused pid)."""
+    import json
+    import subprocess
+    import sys
+
+    import psutil
+
+    from pipeline.serve import running_from_state, stop_from_state
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state = tmp_path / "server.json"
+        # the pid of another process, recorded with another start time (what a reused pid looks like)
+        state.write_text(json.dumps({"server": "tritonserver", "pid": other.pid,
+                                     "create_time": psutil.Process(other.pid).create_time() - 1000}))
+        assert running_from_state(state) is None
+        assert stop_from_state(state) is None
+        assert other.poll() is None and not state.exists()
+        # an old server.json without a start time: the command line must name the program
+        state.write_text(json.dumps({"server": "tritonserver", "pid": other.pid}))
+        assert stop_from_state(state) is None and other.poll() is None
+        # the recorded process itself is stopped
+        state.write_text(json.dumps({"server": "tritonserver", "pid": other.pid,
+                                     "create_time": psutil.Process(other.pid).create_time()}))
+        assert running_from_state(state) is not None
+        assert stop_from_state(state, timeout=5) is not None
+        assert other.wait(timeout=10) is not None
+    finally:
+        if other.poll() is None:
+            other.kill()
