@@ -487,12 +487,24 @@ def cmd_stop(args) -> int:
     return 0
 
 
+def query_url(url: str | None, build, out: Path) -> str:
+    """Where ``query`` sends: ``--url``, else the gRPC address in the build's server.json while the server it
+    records runs (``serve --grpc-port`` or a port chosen at start), else serving.grpc_port on 127.0.0.1."""
+    from pipeline.serve import running_from_state
+
+    if url:
+        return url
+    state = running_from_state(out / "server.json") or {}
+    grpc = state.get("grpc")
+    return grpc.split("://", 1)[-1] if grpc else f"127.0.0.1:{build.settings.serving.grpc_port}"
+
+
 def cmd_query(args) -> int:
     from pipeline.client import format_chat, stream_generate
 
     build = _resolve(args)
     out = _folder(args, build)
-    url = args.url or f"127.0.0.1:{build.settings.serving.grpc_port}"
+    url = query_url(args.url, build, out)
     if not args.raw and not (out / "engine" / "engine.json").is_file():
         raise PipelineError(f"{out / 'engine'} is not built yet: run `make build-engine` (or `trtpipe build`) first, "
                             "or pass --raw to send the prompt without the model's chat template" + _not_built(out))

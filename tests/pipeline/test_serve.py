@@ -139,3 +139,23 @@ def test_stop_leaves_alone_a_process_that_is_not_the_recorded_server(tmp_path):
     finally:
         if other.poll() is None:
             other.kill()
+
+
+def test_query_sends_to_the_port_the_running_server_recorded(tmp_path):
+    import json
+    import os
+
+    import psutil
+
+    from builders.spec import load_spec
+    from pipeline.cli import query_url
+    from tests.conftest import DEFAULT_BUILD
+
+    build = load_spec(DEFAULT_BUILD, "cpu")
+    default = f"127.0.0.1:{build.settings.serving.grpc_port}"
+    assert query_url(None, build, tmp_path) == default
+    (tmp_path / "server.json").write_text(json.dumps({"server": "tritonserver", "pid": os.getpid(),
+                                                      "create_time": psutil.Process().create_time(),
+                                                      "grpc": "127.0.0.1:45678"}))
+    assert query_url(None, build, tmp_path) == "127.0.0.1:45678"
+    assert query_url("10.0.0.1:8001", build, tmp_path) == "10.0.0.1:8001"
