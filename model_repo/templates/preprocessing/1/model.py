@@ -74,7 +74,9 @@ class TritonPythonModel:
         self.end_id = int(_param(cfg, "end_id"))
         self.pad_id = int(_param(cfg, "pad_id"))
         # generation_config.json's other eos ids: one-token stop words, so every runtime (the C++
-        # backend takes a single end_id) stops on all of them; dropped when the client sends end_id.
+        # backend takes a single end_id) stops on all of them. A client's end_id that is one of the model's
+        # end ids keeps the others (Llama 3 ends turns on several); any other end_id replaces them (a deliberate
+        # choice, e.g. an id never generated so that the output runs to max_tokens).
         self.stop_token_ids = [int(t) for t in (_param(cfg, "stop_token_ids", "") or "").split(",") if t.strip()]
 
     def execute(self, requests):
@@ -112,7 +114,15 @@ class TritonPythonModel:
         lengths = np.asarray([[len(t)] for t in ids], dtype=np.int32)
         batch = len(ids)
 
-        client_end_id = pb_utils.get_input_tensor_by_name(request, "END_ID") is not None
+        sent = pb_utils.get_input_tensor_by_name(request, "END_ID")
+        client_end_id = None if sent is None else int(sent.as_numpy().reshape(-1)[0])
+        model_end_ids = [self.end_id] + self.stop_token_ids
+        if client_end_id is None:
+            extra_end_ids = self.stop_token_ids
+        elif client_end_id in model_end_ids:
+            extra_end_ids = [t for t in model_end_ids if t != client_end_id]
+        else:
+            extra_end_ids = ()
 
         def words(name, extra_ids=()):
             t = pb_utils.get_input_tensor_by_name(request, name)
@@ -139,7 +149,7 @@ class TritonPythonModel:
             pb_utils.Tensor("EMBEDDING_BIAS", np.zeros((batch, 0), dtype=np.float32) if bias is None else bias),
             pb_utils.Tensor("REQUEST_OUTPUT_LEN", out_len.reshape(batch, 1).astype(np.int32)),
             pb_utils.Tensor("BAD_WORDS_IDS", words("BAD_WORDS_DICT")),
-            pb_utils.Tensor("STOP_WORDS_IDS", words("STOP_WORDS_DICT", () if client_end_id else self.stop_token_ids)),
+            pb_utils.Tensor("STOP_WORDS_IDS", words("STOP_WORDS_DICT", extra_end_ids)),
             pb_utils.Tensor("OUT_END_ID", scalar("END_ID", self.end_id)),
             pb_utils.Tensor("OUT_PAD_ID", scalar("PAD_ID", self.pad_id)),
         ]

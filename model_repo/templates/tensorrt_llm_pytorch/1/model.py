@@ -530,7 +530,7 @@ class TritonPythonModel:
             raise RequestError(f"num_return_sequences = {n_seq}: must be between 1 and max_batch_size "
                                f"{self.max_batch_size}")
         end_id = get("end_id", None)
-        end_ids = [int(end_id)] if end_id is not None else list(self.default_end_ids)
+        end_ids = sampling.request_end_ids(end_id, self.default_end_ids)
         exclude = bool(get("exclude_input_in_output", self.exclude_input_default))
         stop_ids = _words(request, "stop_words_list", b, batch)
         # One-token stop words that are end ids of the model (preprocessing sends generation_config.json's

@@ -74,6 +74,17 @@ class SamplingParams:
                                                       or self.bad_words)
 
 
+def request_end_ids(end_id, default_end_ids) -> list:
+    """The ids a request ends on: the model's (generation_config.json's eos list) when the client sends no
+    end_id or one of them (Llama 3 ends turns on several: naming one keeps the others); the client's alone when
+    it sends another id (a deliberate choice, e.g. one never generated so that the output runs to max_tokens)."""
+    defaults = [int(t) for t in default_end_ids]
+    if end_id is None:
+        return defaults
+    end_id = int(end_id)
+    return ([end_id] + [t for t in defaults if t != end_id]) if end_id in defaults else [end_id]
+
+
 def parse_params(get, *, end_ids, max_new_tokens: int, bad_words=(), embedding_bias=None,
                  vocab_size: int | None = None) -> SamplingParams:
     """Validate a request's options. ``get(name)`` returns the scalar input or None when absent.
