@@ -72,7 +72,14 @@ def check_hf_folder(path: Path, field: str = "model.source") -> None:
                                  "point model.source at a local Hugging Face checkpoint folder or use "
                                  f"one of: {', '.join('embedded:' + k for k in EMBEDDED)}", code="model_missing")])
     missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
-    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
+    if not any(path.glob("*.safetensors")):
+        pickles = sorted(p.name for p in path.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        if pickles:  # torch.load of a pickle runs whatever code the file names
+            raise SpecError([Problem(field, str(path), f"holds pickle weights only ({', '.join(pickles[:3])}): "
+                                     "loading a pickle can run code from the file, so trtpipe reads safetensors only",
+                                     "convert it once where you trust the file: `AutoModelForCausalLM."
+                                     "from_pretrained(dir).save_pretrained(dir, safe_serialization=True)`",
+                                     code="model_pickle")])
         missing.append("*.safetensors")
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         missing.append("tokenizer.json (or tokenizer.model)")
