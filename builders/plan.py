@@ -37,31 +37,81 @@ from plugins.targets import TargetProfile
 GIB = 1024 ** 3
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 GPU_RUNTIME_RESERVE_BYTES = 1 * GIB
+"""Per-GPU memory the plan sets aside for the CUDA context, cuBLAS/NCCL workspaces and the
+runtime's own buffers (an estimate: 0.5-1 GiB is what a CUDA 12 context plus TensorRT-LLM's
+workspaces take in practice). CPU targets reserve nothing: memory_gib is already a budget."""
+HEADROOM_WARN_FRACTION = 0.9
+"""The plan warns when weights + activations + reserve take more than this share of a device's memory. Ours, not an
+upstream number: the activation figure is an estimate (activation_bytes: +-30%), and TensorRT-LLM sizes the KV pool
+from what is left (kv_cache_free_gpu_mem_fraction of the free memory), so under 10% left means a nearly empty pool
+or an out-of-memory at load when the estimate is low."""
 SPECULATIVE_HELPS_UP_TO = 16
 """Batch size above which the plan asks for speculative_decoding.max_concurrency. Ours, not an upstream number:
 TensorRT-LLM's docs/source/features/speculative-decoding.md says the gains are only observable at low batch sizes,
 and the published speed-ups (docs/gpu-hosts.md) are measured at batch 1."""
-"""Per-GPU memory the plan sets aside for the CUDA context, cuBLAS/NCCL workspaces and the
-runtime's own buffers (an estimate: 0.5-1 GiB is what a CUDA 12 context plus TensorRT-LLM's
-workspaces take in practice). CPU targets reserve nothing: memory_gib is already a budget."""
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _rope_entries(cfg: dict) -> list[dict]:
+    """The rope dicts config.json holds (``rope_scaling`` / ``rope_parameters``, one per layer type or one)."""
+    out = []
+    for value in (cfg.get("rope_scaling"), cfg.get("rope_parameters")):
+        if isinstance(value, dict):
+            out += [v for v in value.values() if isinstance(v, dict)] or [value]
+    return out
+
+
 def _rope_types(cfg: dict) -> list[str]:
     """Every rope type config.json names: transformers 4's ``rope_scaling`` or transformers 5's
     ``rope_parameters`` (one dict, or one per layer type as Gemma 3 writes it); ``default`` when none."""
-    found = []
-    for value in (cfg.get("rope_scaling"), cfg.get("rope_parameters")):
-        if not isinstance(value, dict):
-            continue
-        entries = [v for v in value.values() if isinstance(v, dict)] or [value]
-        for entry in entries:
-            t = str(entry.get("rope_type", entry.get("type", "default")))
-            found.append(ROPE_ALIASES.get(t, t))
-    return sorted(set(found)) or ["default"]
+    found = [str(entry.get("rope_type", entry.get("type", "default"))) for entry in _rope_entries(cfg)]
+    return sorted({ROPE_ALIASES.get(t, t) for t in found}) or ["default"]
+
+
+def rope_context(cfg: dict) -> Optional[tuple[int, str]]:
+    """The longest context config.json's rope scaling extends the model to, and how it was computed; None when
+    the config has no scaled rope entry (or one this cannot size).
+
+    transformers 5.24 ``modeling_rope_utils.py``: ``linear`` divides the frequencies by ``factor`` and ``dynamic``
+    (NTK) rescales the base past ``max_position_embeddings`` (the pretrained length) by ``factor``; ``yarn``'s
+    ``factor`` is "the ratio between the pre-yarn and post-yarn context lengths" over
+    ``original_max_position_embeddings`` (a top-level ``original_max_position_embeddings`` takes priority, as
+    ``standardize_rope_params`` does; a missing ``factor`` is max_position_embeddings / that); for ``llama3`` and
+    ``longrope`` ``max_position_embeddings`` is already the extended length (Llama 3.1: 131072 = 8192 x 16 with
+    factor 8; Phi-3-128k: 131072 over original 4096). With one entry per layer type (Gemma 3), the tightest
+    scaled entry decides."""
+    mpe = cfg.get("max_position_embeddings")
+    top_original = cfg.get("original_max_position_embeddings")
+    found: list[tuple[int, str]] = []
+    for entry in _rope_entries(cfg):
+        t = str(entry.get("rope_type", entry.get("type", "default")))
+        t = ROPE_ALIASES.get(t, t)
+        factor = entry.get("factor")
+        factor = float(factor) if isinstance(factor, (int, float)) and not isinstance(factor, bool) else None
+        original = top_original or entry.get("original_max_position_embeddings")
+        if t in ("llama3", "longrope"):
+            if mpe:
+                found.append((int(mpe), f"rope {t}: max_position_embeddings {mpe} already holds the extension"))
+            elif original and factor:
+                found.append((int(original * factor), f"rope {t}: original_max_position_embeddings {original} x "
+                                                      f"factor {factor:g}"))
+        elif t == "yarn":
+            base = original or mpe
+            if base and factor:
+                which = "original_max_position_embeddings" if original else "max_position_embeddings"
+                found.append((int(base * factor), f"rope yarn: {which} {base} x factor {factor:g}"))
+            elif mpe:
+                found.append((int(mpe), f"rope yarn without a factor: max_position_embeddings {mpe}"))
+        elif t in ("linear", "dynamic") and factor:
+            base = entry.get("original_max_position_embeddings") or mpe
+            if base:
+                which = ("original_max_position_embeddings" if entry.get("original_max_position_embeddings")
+                         else "max_position_embeddings")
+                found.append((int(base * factor), f"rope {t}: {which} {base} x factor {factor:g}"))
+    return min(found) if found else None
 
 
 class ModelShape(_Frozen):
@@ -686,6 +736,23 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     if 0 < kv.workload_sequences < lim.max_batch_size:
         warnings.append(f"the KV pool holds {kv.workload_sequences} sequences of {isl}+{osl} tokens, fewer than "
                         f"max_batch_size {lim.max_batch_size}: in-flight batches of that shape are KV-bound")
+    if 0 < kv.max_seq_len_sequences < lim.max_batch_size:  # none at all is an error (preflight kv_pool_one_seq)
+        knob = ("serving.max_tokens_in_paged_kv_cache" if "max_tokens_in_paged_kv_cache" in source
+                else "serving.kv_cache_free_gpu_mem_fraction")
+        warnings.append(f"the KV pool holds {kv.max_seq_len_sequences} full-length sequences (max_seq_len "
+                        f"{lim.max_seq_len}), fewer than max_batch_size {lim.max_batch_size}: at most "
+                        f"{kv.max_seq_len_sequences} requests that run to max_seq_len are in flight at once; fix: raise "
+                        f"{knob}" + (", use an FP8 KV cache (kv_cache_quant_algo: fp8) or more tp/pp ranks" if engine
+                                     else "") +
+                        f", or lower limits.max_batch_size to {kv.max_seq_len_sequences} or limits.max_seq_len")
+    used = reserve + weights + draft_weights + acts
+    if free > 0 and used > HEADROOM_WARN_FRACTION * device:
+        warnings.append(f"weights {human_bytes(weights + draft_weights)} + activations {human_bytes(acts)} + reserve "
+                        f"{human_bytes(reserve)} = {human_bytes(used)} take {used / device:.0%} of the "
+                        f"{human_bytes(device)} of '{target.name}' (over {HEADROOM_WARN_FRACTION:.0%}): "
+                        f"{human_bytes(free)} is left for the KV cache and any estimate error; fix: "
+                        + ("quantize (fp8, int4_awq), raise parallelism.tp_size/pp_size, " if engine else "")
+                        + "lower limits.max_num_tokens, or pick a target with more memory")
     if (target.kind == "gpu" and engine and target.fp8 and q.quant_algo == "none"
             and q.kv_cache_quant_algo is None):
         warnings.append(f"target {target.name} has FP8 tensor cores; quant_algo fp8 would halve weight memory")

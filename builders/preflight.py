@@ -16,10 +16,11 @@ from pathlib import Path
 
 from builders.llmapi_options import RELEASES, llm_api_options, option_problems
 from builders.plan import (ModelShape, Plan, compute_plan, draft_config, human_bytes, layer_shards,
-                           plugin_decisions, read_hf_config)
+                           plugin_decisions, read_hf_config, rope_context)
 from builders.spec import ResolvedBuild
 from plugins.architectures import ARCHITECTURES, ROPE_TYPES, Architecture, architecture, support
 from plugins.recipes import QUANT_RECIPES
+from plugins.runtimes import RUNTIMES
 from plugins.errors import Problem, SpecError
 from plugins.resolve import HARDWARE_CODES, MMHA_HEAD_SIZES, decode_attention_kernel, hardware_problems
 from plugins.targets import TargetProfile
@@ -32,12 +33,54 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _tp_fits(m, tp: int) -> bool:
-    """tp splits the heads, the KV heads (or duplicates them evenly) and the MLP."""
+def _awq_dims(m: ModelShape, tp: int, moe_tp: int, moe_ep: int) -> dict[str, int]:
+    """The per-rank input dimension of every linear layer the AWQ group size must divide, one entry per distinct
+    value: ``{"qkv/gate_proj/up_proj input": 576, ...}`` (the architecture's linear shards, MoE layers and, where
+    a MoE model has them, its dense layers)."""
+    shards = [sh for moe_layer in {False: [False], True: [True, m.moe_layers < m.num_hidden_layers]}[m.is_moe]
+              for sh in layer_shards(m, tp, moe_tp, moe_ep, moe_layer=moe_layer)]
+    dims: dict[str, int] = {}
+    for shard in shards:
+        label = next((k for k, v in dims.items() if v == shard.n_in), None)
+        if label is None:
+            dims[f"{shard.name} input"] = shard.n_in
+        else:
+            dims[label.replace(" input", f"/{shard.name} input")] = dims.pop(label)
+    return dims
+
+
+def _groups_fit(m: ModelShape, tp: int, moe_tp: int, moe_ep: int, group_size: int | None) -> bool:
+    return group_size is None or all(v % group_size == 0 for v in _awq_dims(m, tp, moe_tp, moe_ep).values())
+
+
+def moe_splits(m: ModelShape, tp: int, group_size: int | None = None) -> list[tuple[int, int]]:
+    """The (moe_tp_size, moe_ep_size) splits of ``tp`` that pass every expert rule of :func:`moe_problems` (and,
+    with ``group_size``, the AWQ group rule) of the MoE model ``m``."""
+    return [(t, tp // t) for t in _divisors(tp) if m.num_experts % (tp // t) == 0 and m.moe_intermediate_size % t == 0
+            and _groups_fit(m, tp, t, tp // t, group_size)]
+
+
+def _tp_fits(m: ModelShape, tp: int, group_size: int | None = None) -> bool:
+    """tp passes every tp rule of :func:`model_problems` together: it splits the heads, the KV heads (or
+    duplicates them evenly), the dense MLP, the shared expert, leaves some valid expert split (MoE) and, with
+    ``group_size`` (INT4 recipes), keeps every per-rank linear input a multiple of it."""
     kv = m.num_key_value_heads
     dense_ok = m.moe_layers == m.num_hidden_layers or m.intermediate_size % tp == 0
-    return (m.num_attention_heads % tp == 0 and dense_ok
-            and ((kv >= tp and kv % tp == 0) or (kv < tp and tp % kv == 0)))
+    if not (m.num_attention_heads % tp == 0 and dense_ok
+            and ((kv >= tp and kv % tp == 0) or (kv < tp and tp % kv == 0))):
+        return False
+    if m.is_moe:
+        return m.shared_expert_intermediate_size % tp == 0 and bool(moe_splits(m, tp, group_size))
+    return _groups_fit(m, tp, 1, 1, group_size)
+
+
+def _tp_fix(m: ModelShape, group_size: int | None) -> str:
+    """The one fix of every tp rule: the tp sizes that pass them all (with the AWQ group size when it applies)."""
+    valid = valid_tp_sizes(m, group_size)
+    if valid:
+        return f"use tp_size in {valid}"
+    return (f"no tp_size keeps every per-rank input a multiple of group_size {group_size}: use tp_size in "
+            f"{valid_tp_sizes(m)} with a quantization.group_size that divides them (see awq_group)")
 
 
 def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
@@ -106,8 +149,21 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
     if sv.decoupled is False and sv.streaming:
         problems.append(Problem(where("serving.decoupled"), False, "streaming needs the decoupled transaction policy "
                                 "(model_transaction_policy { decoupled: true })",
-                                "remove serving.decoupled or set it to true (or set serving.streaming: false)",
+                                "remove serving.decoupled or set it to true" + ("" if build.runtime.decoupled_only
+                                                                                 else " (or set serving.streaming: false)"),
                                 code="streaming_decoupled"))
+    # The portable runtime's tensorrt_llm model answers through decoupled response senders only
+    # (model_repo/templates/tensorrt_llm_pytorch/1/model.py refuses every request without them; README "Interface").
+    # model_repo.generate refuses the repository too, but only once checkpoint, verify and engine have run.
+    if build.runtime.decoupled_only and not build.decoupled:
+        key = "serving.decoupled" if sv.decoupled is not None else "serving.streaming"
+        others = [n for n, r in RUNTIMES.items() if not r.decoupled_only and n in target.runtimes]
+        problems.append(Problem(where(key), getattr(sv, key.split(".")[1]), f"the {s.runtime} runtime serves "
+                                "decoupled (streaming) transactions only, and this turns the decoupled policy off",
+                                "set serving.streaming: true and leave serving.decoupled null (a client still gets "
+                                "one answer from HTTP generate)" + (f", or use runtime {' / '.join(others)}"
+                                                                    if others else ""),
+                                code="pytorch_needs_decoupled"))
 
     # SM gates (plugins.resolve.hardware_problems, the resolver's own). The portable runtime dequantizes, so
     # only the FP8-context-FMHA choice is judged for it, by the quantization alone.
@@ -233,24 +289,25 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
     tp, pp = par.tp_size, par.pp_size
     m = ModelShape.from_hf_config(hf_config)
     problems: list[Problem] = []
-    valid_tp = valid_tp_sizes(m)  # one fix for every tp rule
+    group = q.group_size if build.recipe.uses_group_size else None
+    tp_fix = _tp_fix(m, group)  # one fix for every tp rule: sizes that pass them all
 
     # Sharding: every sharded dimension must divide (ModelOpt's exporter, modelopt/torch/export/
     # tensorrt_llm_utils.py, splits heads by tp and layers evenly by pp).
     if m.num_attention_heads % tp:
         problems.append(Problem(where("parallelism.tp_size"), tp, f"num_attention_heads ({m.num_attention_heads}) must "
-                                "be divisible by tp_size", f"use tp_size in {valid_tp}", code="heads_tp"))
+                                "be divisible by tp_size", tp_fix, code="heads_tp"))
     kv = m.num_key_value_heads
     # GQA: kv_heads >= tp must split evenly; kv_heads < tp are duplicated, which needs tp % kv == 0
     # (TensorRT-LLM's checkpoint format: when num_key_value_heads < tp, K/V heads are duplicated up to tp).
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
         problems.append(Problem(where("parallelism.tp_size"), tp, f"num_key_value_heads ({kv}) must be divisible by "
                                 "tp_size, or tp_size by it (KV heads are duplicated when fewer than tp)",
-                                f"use tp_size in {valid_tp}", code="kv_heads_tp"))
+                                tp_fix, code="kv_heads_tp"))
     if m.moe_layers < m.num_hidden_layers and m.intermediate_size % tp:  # the dense MLP layers
         problems.append(Problem(where("parallelism.tp_size"), tp, f"intermediate_size ({m.intermediate_size}) must be "
                                 "divisible by tp_size (the MLP is split by columns/rows across ranks)",
-                                f"use tp_size in {valid_tp}", code="intermediate_tp"))
+                                tp_fix, code="intermediate_tp"))
     problems += moe_problems(build, m)
     if m.num_hidden_layers % pp:
         problems.append(Problem(where("parallelism.pp_size"), pp, f"num_hidden_layers ({m.num_hidden_layers}) must be "
@@ -260,24 +317,19 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
     # (ModelOpt's INT4 block quantizer groups along the input; 11008 / 4 = 2752 is not a multiple of 128).
     # Column-parallel layers (qkv, gate, up) keep their input (hidden); row-parallel layers split it:
     # o_proj gets heads x head_dim / tp, down_proj gets intermediate / tp (the architecture's linear shards).
-    if build.recipe.uses_group_size:
+    if group is not None:
         moe_tp, moe_ep = par.moe_sizes
-        shards = [sh for moe_layer in {False: [False], True: [True, m.moe_layers < m.num_hidden_layers]}[m.is_moe]
-                  for sh in layer_shards(m, tp, moe_tp, moe_ep, moe_layer=moe_layer)]
-        dims: dict[str, int] = {}
-        for shard in shards:  # one entry per distinct input: "qkv/gate_proj/up_proj input = 576"
-            label = next((k for k, v in dims.items() if v == shard.n_in), None)
-            if label is None:
-                dims[f"{shard.name} input"] = shard.n_in
-            else:
-                dims[label.replace(" input", f"/{shard.name} input")] = dims.pop(label)
-        bad = {k: v for k, v in dims.items() if v % q.group_size}
+        dims = _awq_dims(m, tp, moe_tp, moe_ep)
+        bad = {k: v for k, v in dims.items() if v % group}
         if bad:
             ok = [g for g in (32, 64, 128, 256) if all(v % g == 0 for v in dims.values())]
-            problems.append(Problem(where("quantization.group_size"), q.group_size,
+            fits = valid_tp_sizes(m, group)
+            problems.append(Problem(where("quantization.group_size"), group,
                                     "group_size must divide every per-rank sharded input dimension; "
                                     + ", ".join(f"{k} = {v}" for k, v in bad.items()) + " is not a multiple",
-                                    f"use group_size in {ok}" if ok else "change tp_size", code="awq_group"))
+                                    f"use group_size in {ok}" if ok else
+                                    (f"use tp_size in {fits}" if fits else "change tp_size and group_size"),
+                                    code="awq_group"))
     # Attention head size: TensorRT-LLM's fused attention kernels are compiled for a fixed set of head sizes.
     if build.runtime.builds_trt_engine and decode_attention_kernel(
             m.head_dim, m.num_attention_heads, kv, lim.max_beam_width) is None:
@@ -286,8 +338,15 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
                                 "of 16 up to 256 for grouped-query attention at beam width 1)",
                                 "use runtime: trtllm-llmapi or pytorch", code="head_dim"))
     # Context length: RoPE models are trained up to max_position_embeddings; longer needs a
-    # rope scaling entry in config.json (rope_type linear/dynamic/yarn/llama3).
-    if m.max_position_embeddings and lim.max_seq_len > m.max_position_embeddings and m.rope_scaling_type is None:
+    # rope scaling entry in config.json (rope_type linear/dynamic/yarn/llama3/longrope), and that entry extends
+    # the context only so far (builders.plan.rope_context, from transformers 5.24 modeling_rope_utils.py).
+    scaled = rope_context(hf_config)
+    if scaled is not None and lim.max_seq_len > scaled[0]:
+        problems.append(Problem(where("limits.max_seq_len"), lim.max_seq_len,
+                                f"above the {scaled[0]} positions the model's rope scaling reaches ({scaled[1]})",
+                                f"set limits.max_seq_len <= {scaled[0]}", code="seq_len_context"))
+    elif (scaled is None and m.max_position_embeddings and lim.max_seq_len > m.max_position_embeddings
+          and m.rope_scaling_type is None):
         problems.append(Problem(where("limits.max_seq_len"), lim.max_seq_len,
                                 f"above the model's max_position_embeddings {m.max_position_embeddings} with no "
                                 "rope scaling", f"set limits.max_seq_len <= {m.max_position_embeddings}",
@@ -310,10 +369,10 @@ def moe_problems(build: ResolvedBuild, m: ModelShape) -> list[Problem]:
                                         code="moe_sizes"))
         return problems
     moe_tp, moe_ep = par.moe_sizes
-    splits = [(t, tp // t) for t in range(1, tp + 1) if tp % t == 0 and m.num_experts % (tp // t) == 0
-              and m.moe_intermediate_size % t == 0]
+    group = build.settings.quantization.group_size if build.recipe.uses_group_size else None
+    splits = moe_splits(m, tp, group)
     fix = "use (moe_tp_size, moe_ep_size) in " + ", ".join(f"({a}, {b})" for a, b in splits) if splits else \
-        "change tp_size"
+        f"no expert split of tp_size {tp} fits: {_tp_fix(m, group)}"
     if moe_tp * moe_ep != tp:
         problems.append(Problem(where("parallelism.moe_ep_size"), par.moe_ep_size, f"moe_tp_size x moe_ep_size = "
                                 f"{moe_tp} x {moe_ep} must equal tp_size {tp} (TensorRT-LLM's Mapping splits the tp "
@@ -330,13 +389,15 @@ def moe_problems(build: ResolvedBuild, m: ModelShape) -> list[Problem]:
     if m.shared_expert_intermediate_size % tp:
         problems.append(Problem(where("parallelism.tp_size"), tp, f"shared_expert_intermediate_size "
                                 f"({m.shared_expert_intermediate_size}) must be divisible by tp_size",
-                                f"use tp_size in {valid_tp_sizes(m)}", code="intermediate_tp"))
+                                _tp_fix(m, group), code="intermediate_tp"))
     return problems
 
 
-def valid_tp_sizes(m: ModelShape) -> list[int]:
-    """tp sizes that split the heads, the KV heads and the dense MLP of ``m``."""
-    return [d for d in _divisors(m.num_attention_heads) if _tp_fits(m, d)]
+def valid_tp_sizes(m: ModelShape, group_size: int | None = None) -> list[int]:
+    """tp sizes that pass every tp rule of ``m`` at once (:func:`_tp_fits`): heads, KV heads, the dense MLP,
+    the shared expert and some expert split; with ``group_size``, the AWQ group rule too. The vocabulary
+    sets no rule: it is padded to a multiple of tp (builders.plan)."""
+    return [d for d in _divisors(m.num_attention_heads) if _tp_fits(m, d, group_size)]
 
 
 def memory_problems(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> list[Problem]:

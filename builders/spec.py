@@ -452,17 +452,54 @@ def read_yaml(path: Path) -> dict:
     return data
 
 
+def _has_path(data: Any, loc: tuple) -> bool:
+    """Whether the nested dict ``data`` holds the key path ``loc`` (a null value counts)."""
+    cur = data
+    for part in loc:
+        if not (isinstance(cur, dict) and part in cur):
+            return False
+        cur = cur[part]
+    return True
+
+
+def _override_problems(tname: str, override: dict, base: dict) -> list[Problem]:
+    """Every problem of ``targets.<tname>``: keys no target may override, and each overridable value validated
+    as the resolved target will be (merged over the shared settings), named ``targets.<tname>.<field>``.
+    Problems of the shared settings themselves are the file's own (reported once, by :func:`parse_build_file`)."""
+    problems: list[Problem] = []
+    for key in override:
+        if key not in _OVERRIDABLE:
+            problems.append(Problem(
+                f"targets.{tname}.{key}", override[key], f"unknown key '{key}' in a target override",
+                f"use one of {', '.join(sorted(_OVERRIDABLE))}.{did_you_mean(key, _OVERRIDABLE)}",
+                code="unknown_key"))
+    known = {k: v for k, v in override.items() if k in _OVERRIDABLE}
+    merged = _deep_merge(base, known)
+    try:
+        BuildSettings.model_validate(merged)
+    except ValidationError as exc:
+        for p in _problems_from_validation(exc, merged, BuildSettings, ""):
+            if _has_path(known, tuple(p.field.split("."))):
+                problems.append(Problem(f"targets.{tname}.{p.field}", p.value, p.rule, p.fix, p.code))
+    return problems
+
+
 def parse_build_file(data: dict, source: str = "<memory>") -> BuildFile:
-    """Validate the whole file (shared settings and every target's overrides)."""
+    """Validate the whole file: the shared settings and every target's overrides (unknown keys, types, bounds),
+    whichever target is resolved later; every problem at once."""
+    problems: list[Problem] = []
+    bf = None
     try:
         bf = BuildFile.model_validate(data)
     except ValidationError as exc:
-        raise SpecError(_problems_from_validation(exc, data, BuildFile, ""), source) from None
-    problems: list[Problem] = []
+        problems += _problems_from_validation(exc, data, BuildFile, "")
     from plugins.targets import registry
 
     profiles = registry()
-    for tname, override in bf.targets.items():
+    targets = data.get("targets") if bf is None else bf.targets
+    base = {k: data[k] for k in _OVERRIDABLE if k in data}
+    for tname, override in (targets.items() if isinstance(targets, dict) else ()):
+        tname = str(tname)
         if tname not in profiles:
             problems.append(Problem(f"targets.{tname}", tname, "no such target profile in configs/targets/",
                                     f"use one of {sorted(profiles)}.{did_you_mean(tname, profiles)}",
@@ -470,15 +507,11 @@ def parse_build_file(data: dict, source: str = "<memory>") -> BuildFile:
         if override is None:
             continue
         if not isinstance(override, dict):
-            problems.append(Problem(f"targets.{tname}", override, "a target's overrides must be a mapping",
-                                    "write `targets: {cpu: {}}` or a mapping of overrides", code="type"))
+            if bf is not None:  # else the schema's own error names it
+                problems.append(Problem(f"targets.{tname}", override, "a target's overrides must be a mapping",
+                                        "write `targets: {cpu: {}}` or a mapping of overrides", code="type"))
             continue
-        for key in override:
-            if key not in _OVERRIDABLE:
-                problems.append(Problem(
-                    f"targets.{tname}.{key}", override[key], f"unknown key '{key}' in a target override",
-                    f"use one of {', '.join(sorted(_OVERRIDABLE))}.{did_you_mean(key, _OVERRIDABLE)}",
-                    code="unknown_key"))
+        problems += _override_problems(tname, override, base)
     if problems:
         raise SpecError(problems, source)
     return bf

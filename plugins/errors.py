@@ -61,7 +61,31 @@ class StageError(PipelineError):
     """A pipeline stage failed after its inputs were validated (the message says why and what to do)."""
 
 
+KEY_ALIASES: dict[str, tuple[str, ...]] = {
+    "tp_size": ("tp", "tensor_parallel", "tensor_parallel_size", "tensor_parallelism"),
+    "pp_size": ("pp", "pipeline_parallel", "pipeline_parallel_size", "pipeline_parallelism"),
+    "moe_ep_size": ("ep", "ep_size", "expert_parallel", "expert_parallel_size", "moe_expert_parallel_size"),
+    "moe_tp_size": ("moe_tp", "moe_tensor_parallel_size"),
+    "max_num_tokens": ("max_tokens", "max_batch_tokens", "max_num_batched_tokens"),
+    "tokens_per_block": ("block_size", "kv_block_size", "page_size"),
+    "quant_algo": ("algo", "quant", "quant_mode", "quant_method"),
+    "kv_cache_quant_algo": ("kv_cache_dtype", "kv_quant", "kv_cache_quant"),
+    "max_seq_len": ("max_model_len", "max_sequence_length", "max_seq_length"),
+}
+"""Names other tools give our keys (vLLM ``tensor_parallel_size``/``max_model_len``/``block_size``/
+``max_num_batched_tokens``, TensorRT-LLM's LLM API ``tensor_parallel_size``/``pipeline_parallel_size``/
+``moe_expert_parallel_size``, transformers' continuous batching ``max_batch_tokens``, ModelOpt's ``algo``): an unknown
+key that is one of them gets the key it stands for as its did-you-mean, where that key is allowed."""
+
+_ALIAS_OF = {alias: key for key, aliases in KEY_ALIASES.items() for alias in aliases}
+
+
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """Return ``" Did you mean 'x'?"`` for the closest of ``choices`` to ``name``, or ``""``."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    """Return ``" Did you mean 'x'?"`` for the key ``name`` stands for (:data:`KEY_ALIASES`, when that key is
+    one of ``choices``), else the closest of ``choices`` to ``name``, or ``""``."""
+    choices = list(choices)
+    alias = _ALIAS_OF.get(name.strip().lower().replace("-", "_"))
+    if alias in choices:
+        return f" Did you mean '{alias}'?"
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
     return f" Did you mean '{close[0]}'?" if close else ""
