@@ -13,14 +13,16 @@ from datetime import datetime, timezone
 from plugins.errors import PipelineError
 from pipeline.loadtest.config import LoadTestConfig
 from pipeline.loadtest.metrics import summarize
-from pipeline.loadtest.runner import ProcPlan, run_procs
+from pipeline.loadtest.runner import CONNECTION_KINDS, ProcPlan, run_procs
 from pipeline.loadtest.schedule import arrival_offsets
 from pipeline.loadtest.server_metrics import Sampler
-from pipeline.loadtest.workload import from_jsonl, load_tokenizer, synthetic
+from pipeline.loadtest.workload import from_jsonl, load_tokenizer, read_jsonl, synthetic
 
 log = logging.getLogger("trtpipe")
 REQUIRED_INPUTS = ("text_input", "max_tokens")
 REQUIRED_OUTPUTS = ("num_output_tokens",)
+OVERLOAD_FRACTION = 0.5
+"""open loop: a point that completed fewer requests/s than this fraction of the rate it sent at is overloaded."""
 
 
 class LoadTestError(PipelineError):
@@ -151,7 +153,20 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict)
 
 
 def validity(cfg: LoadTestConfig, point: dict, summary: dict, client: list[dict]) -> dict:
-    """Is this point a measurement of the server, or of the client? Reasons when not."""
+    """Is this point a measurement of the server at the asked load? Reasons when not.
+
+    Invalid when: the client fell behind its schedule (p95 schedule lag > ``max_schedule_lag_s``) or a client
+    process was busier than ``max_client_cpu``; every request failed; any request failed with a connection error
+    (``runner.CONNECTION_KINDS``: refused, reset, closed mid-answer: the server went away and the run is
+    incomplete); open loop above the self-checked ceiling; open loop overloaded: the completed request
+    throughput (completed requests / seconds from the first send to the last completion) is below
+    ``OVERLOAD_FRACTION`` (0.5) x the rate the schedule sent at ((sent - 1) / seconds from its first to its last
+    scheduled send), i.e. the requests took more than twice the schedule's span to complete, so their latencies
+    are set by the run's length, not the server's speed. The factor 2 leaves room for the last requests' own
+    latency on short runs (100 requests at 4 req/s with 3 s requests complete at 0.9 x the offered rate on a
+    server that keeps up); a server up to 2x over its capacity is not flagged. Closed-loop points pace
+    themselves and are never overloaded.
+    """
     reasons = []
     lag = summary.get("schedule_lag_s", {}).get("p95")
     if lag is not None and lag > cfg.max_schedule_lag_s:
@@ -166,9 +181,21 @@ def validity(cfg: LoadTestConfig, point: dict, summary: dict, client: list[dict]
         kinds = req.get("errors_by_kind") or {}
         reasons.append(f"every request failed ({', '.join(f'{k}: {n}' for k, n in kinds.items()) or 'no answer'}): "
                        "nothing of the server was measured; see the requests' errors in report.json")
+    lost = sum(n for kind, n in (req.get("errors_by_kind") or {}).items() if kind in CONNECTION_KINDS)
+    if lost:
+        reasons.append(f"server unreachable: {lost} of {req.get('measured', req.get('sent'))} requests failed with "
+                       "connection errors (refused, reset or closed mid-answer): the run is incomplete; see the "
+                       "server's log and the requests' errors in report.json, and rerun")
     if cfg.ceiling_rps and point["mode"] == "open" and point["rate"] > cfg.ceiling_rps:
         reasons.append(f"offered rate {point['rate']} req/s is above the client's self-checked ceiling "
                        f"{cfg.ceiling_rps:.1f} req/s")
+    span, done_rps = summary.get("schedule_span_s"), summary.get("request_throughput")
+    if point["mode"] == "open" and span and req.get("sent", 0) >= 2 and done_rps is not None:
+        sched_rps = (req["sent"] - 1) / span
+        if done_rps < OVERLOAD_FRACTION * sched_rps:
+            reasons.append(f"overloaded: offered {point['rate']:g} req/s, completed {done_rps:.2f} req/s (below "
+                           f"{OVERLOAD_FRACTION:g} x the {sched_rps:.1f} req/s the schedule sent at): the server "
+                           "fell behind, so latencies grow with the run's length; lower --rate")
     return {"valid": not reasons, "reasons": reasons}
 
 
@@ -177,6 +204,8 @@ def run_loadtest(cfg: LoadTestConfig, *, manifest: dict | None = None) -> dict:
     problems = cfg.problems()
     if problems:
         raise LoadTestError("bad load-test arguments:\n  - " + "\n  - ".join(problems))
+    if cfg.dataset is not None:  # every bad line, before the server is asked anything
+        read_jsonl(cfg.dataset)
     meta = check_server(cfg) if cfg.endpoint == "triton" else check_openai(cfg)
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
     inputs = _inputs(cfg, meta, getattr(tokenizer, "vocab_size", None))
@@ -187,12 +216,14 @@ def run_loadtest(cfg: LoadTestConfig, *, manifest: dict | None = None) -> dict:
             "host": {"platform": platform.platform(), "python": platform.python_version(),
                      "cpus": os.cpu_count()},
             "config": cfg.as_dict(), "server": {"url": cfg.url, "model": meta, "metrics_url": cfg.metrics_url},
+            "tokenizer": tokenizer.name,
             "request_inputs": inputs, "manifest": manifest, "points": points,
             "verdict": verdict(cfg, points)}
 
 
 def verdict(cfg: LoadTestConfig, points: list[dict]) -> dict:
-    """SLO verdict over every point (passes trivially when no SLO was given); invalid points listed."""
+    """SLO verdict over every point, and the invalid points; passes when no point missed an SLO (trivially when
+    none was given) and none is invalid."""
     invalid = [k for k, p in enumerate(points) if not p["validity"]["valid"]]
     missed = []
     if cfg.slo.given:
@@ -201,4 +232,4 @@ def verdict(cfg: LoadTestConfig, points: list[dict]) -> dict:
             if frac is None or math.isnan(frac) or frac < cfg.slo_attainment:
                 missed.append(k)
     return {"slo_given": cfg.slo.given, "slo_attainment": cfg.slo_attainment, "slo_missed_points": missed,
-            "invalid_points": invalid, "passed": not missed}
+            "invalid_points": invalid, "passed": not missed and not invalid}

@@ -22,7 +22,8 @@ def add_loadtest_parser(sub, add_build_args) -> None:
     lt = sub.add_parser("loadtest", help="load-test the served ensemble (gRPC streaming): run, compare, selfcheck",
                         description="Closed-loop (concurrency) or open-loop (request rate) load on the ensemble, "
                                     "with TTFT/TPOT/ITL/E2E, throughput, goodput against SLOs, reports and plots. "
-                                    "Exit status: 0 ok, 1 SLO missed, 2 bad input, 3 a point was client-bound.")
+                                    "Exit status: 0 ok, 1 SLO missed, 2 bad input, 3 a point was invalid "
+                                    "(client-bound, server unreachable or overloaded).")
     lsub = lt.add_subparsers(dest="loadtest_command", required=True, metavar="ACTION")
 
     r = lsub.add_parser("run", help="run a load test (starts the server itself unless one is running or --url)")
@@ -60,7 +61,7 @@ def add_loadtest_parser(sub, add_build_args) -> None:
     g.add_argument("--dataset", type=Path, default=None, help="JSONL of prompts ({\"prompt\": ..., "
                                                                "optional \"output_len\"}) instead of synthetic")
     g.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder (default: engine/ beside the "
-                                                                "repository)")
+                                                                "repository; with --url, the build's engine/)")
     g.add_argument("--fixed-output", choices=("none", "min_tokens"), default="none",
                    help="min_tokens: send min_tokens = max_tokens (needs the runtime's min_tokens)")
     g.add_argument("--ignore-eos", action="store_true", help="set end_id to an id never generated, so every "
@@ -76,7 +77,7 @@ def add_loadtest_parser(sub, add_build_args) -> None:
     g.add_argument("--max-schedule-lag-ms", type=float, default=50.0, help="p95 schedule lag above this marks a "
                                                                             "point client-bound (default 50)")
     g.add_argument("--ceiling", type=Path, default=None, help="selfcheck.json: points above its rate are invalid")
-    g.add_argument("--allow-invalid", action="store_true", help="exit 0 even when a point was client-bound")
+    g.add_argument("--allow-invalid", action="store_true", help="exit 0 even when a point was invalid")
     r.add_argument("-o", "--output", type=Path, default=None, help="report folder (default: "
                                                                    "<build>/loadtest/<UTC time>)")
     r.add_argument("--no-plots", action="store_true")
@@ -131,6 +132,10 @@ def cmd_run(args) -> int:
     from pipeline.loadtest.selfcheck import serve_repository
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    if args.dataset is not None:  # every bad line reported before any server is started
+        from pipeline.loadtest.workload import read_jsonl
+
+        read_jsonl(args.dataset)
     with contextlib.ExitStack() as stack:
         repo, out_root, url, metrics_url = args.model_repo, None, args.url, args.metrics_url
         if url is None and repo is None:
@@ -171,7 +176,7 @@ def cmd_run(args) -> int:
             url, metrics_url, *openai_url = stack.enter_context(serve_repository(Path(repo), frontend_for=frontend))
             if openai_url:
                 url = openai_url[0]
-        tokenizer = args.tokenizer or (Path(repo).parent / "engine" if repo is not None else None)
+        tokenizer = args.tokenizer or (Path(repo).parent / "engine" if repo is not None else _build_engine(args))
         cfg = _config(args, url, metrics_url, tokenizer)
         manifest_path = Path(repo).parent / "manifest.json" if repo is not None else None
         manifest = json.loads(manifest_path.read_text()) if manifest_path and manifest_path.is_file() else None
@@ -185,10 +190,24 @@ def cmd_run(args) -> int:
         print(f"SLO missed at points {v['slo_missed_points']} (attainment < {v['slo_attainment']})", file=sys.stderr)
         return EXIT_SLO_MISSED
     if v["invalid_points"] and not args.allow_invalid:
-        print(f"points {v['invalid_points']} measured the client, not the server (see reasons above)",
-              file=sys.stderr)
+        print(f"points {v['invalid_points']} are invalid (reasons above): not a measurement of the server at the "
+              "asked load; --allow-invalid exits 0 anyway", file=sys.stderr)
         return EXIT_INVALID
     return 0
+
+
+def _build_engine(args) -> Path | None:
+    """``--url`` without ``--tokenizer``: the build's ``engine/`` folder (the tokenizer a server started here would
+    use), or None (logged) when the build file does not resolve."""
+    from builders.layout import build_dir, resolve_build, variant
+
+    runtime = getattr(args, "runtime", None)
+    try:
+        return build_dir(resolve_build(args.build, args.target, args.quant, runtime), args.out,
+                         variant(args.quant, runtime, args.build, args.target)) / "engine"
+    except PipelineError as exc:
+        log.warning("warning: no build to take the tokenizer from: %s", " ".join(str(exc).split()))
+        return None
 
 
 def cmd_compare(args) -> int:

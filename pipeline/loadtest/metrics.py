@@ -201,7 +201,8 @@ def summarize(records: list[RequestRecord], slo: SLO = SLO(), open_loop: bool = 
         "input_tokens_per_request": dist(r.input_tokens for r in sent),
         "achieved_lengths": achieved_lengths(ok),
     }
-    if open_loop:
+    if open_loop:  # seconds from the first to the last scheduled send of the requests sent
+        s["schedule_span_s"] = (max(r.scheduled for r in sent) - min(r.scheduled for r in sent)) if sent else None
         s["schedule_lag_s"] = dist(r.schedule_lag for r in sent)
         s["ttft_from_scheduled_s"] = dist(r.ttft_sched for r in ok)
         s["e2e_from_scheduled_s"] = dist(r.e2e_sched for r in ok)

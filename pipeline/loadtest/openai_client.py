@@ -5,7 +5,8 @@ Requests stream (``stream: true`` with ``stream_options.include_usage``). Times:
 event that carries text; TTFT is the first, ITL the gaps between them (as vLLM's ``benchmark_serving.py`` and
 aiperf time chunks). Tokens: the final ``usage`` chunk's ``completion_tokens`` / ``prompt_tokens`` (the server's
 counts), spread over the chunks (one each, the rest on the last); a server that sends no usage is counted one token
-per chunk and the record says so (``server["tokens_from"] = "chunks"``).
+per chunk and the record says so (``server["tokens_from"] = "chunks"``). A refused, reset or closed connection, and a
+stream that ends before ``data: [DONE]``, is a ``connection`` error (the server went away: the point is incomplete).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class OpenAIConnection:
         path, body = payload
         self.pending[id(rec)] = rec
         rec.sent = time.monotonic()
-        usage = None
+        usage, finished = None, False
         try:
             async with asyncio.timeout(timeout_s):
                 async with self.session.post(self.base_url + path, json=body) as resp:
@@ -72,12 +73,19 @@ class OpenAIConnection:
                         rec.error, rec.error_kind = f"HTTP {resp.status}: {text}", _kind(resp.status, text)
                         return rec
                     async for line in resp.content:
+                        if not line.endswith(b"\n"):  # the connection closed in the middle of an event
+                            break
                         if not line.startswith(b"data:"):
                             continue
                         data = line[5:].strip()
                         if data == b"[DONE]":
+                            finished = True
                             break
-                        obj = json.loads(data)
+                        try:
+                            obj = json.loads(data)
+                        except ValueError:
+                            rec.error, rec.error_kind = f"in stream: not a JSON event: {data[:200]!r}", "server_error"
+                            return rec
                         if "error" in obj:
                             err = obj["error"]
                             rec.error = f"in stream: {err.get('message', err)}"
@@ -90,6 +98,11 @@ class OpenAIConnection:
                             if text:
                                 rec.response_times.append(now)
                                 rec.response_tokens.append(1)
+            if not finished:
+                rec.error = (f"the server closed the stream before data: [DONE] (after {len(rec.response_times)} "
+                             "text events)")
+                rec.error_kind = "connection"
+                return rec
             rec.done = time.monotonic()
             if not rec.response_times:
                 rec.response_times.append(rec.done)
@@ -97,6 +110,8 @@ class OpenAIConnection:
             _apply_usage(rec, usage)
         except TimeoutError:
             rec.error, rec.error_kind = f"no complete answer within {timeout_s:.0f} s", "timeout"
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:  # refused, reset, closed
+            rec.error, rec.error_kind = f"{type(exc).__name__}: {exc}", "connection"
         except aiohttp.ClientError as exc:
             rec.error, rec.error_kind = f"{type(exc).__name__}: {exc}", "unavailable"
         finally:

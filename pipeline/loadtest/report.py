@@ -86,6 +86,8 @@ def format_summary(report: dict) -> str:
                      _f(s["goodput"]["fraction"], 2), str(s["requests"]["errors_by_kind"] or 0),
                      "yes" if p["validity"]["valid"] else "NO"))
     text = _table(rows)
+    if report.get("tokenizer"):
+        text += f"\ninput tokens counted by: {report['tokenizer']}"
     notes = [f"point {k}: INVALID: {r}" for k, p in enumerate(report["points"]) for r in p["validity"]["reasons"]]
     if any("p99_note" in p["summary"]["ttft_s"] for p in report["points"]):
         notes.append("* p99 from fewer than 100 samples: not reliable")
@@ -131,7 +133,7 @@ def compare(a: dict, b: dict) -> str:
     for name, r in (("A", a), ("B", b)):
         bad = r["verdict"]["invalid_points"]
         if bad:
-            extra.append(f"{name}: points {bad} are INVALID (client-bound); do not compare them")
+            extra.append(f"{name}: points {bad} are INVALID (see their reasons); do not compare them")
     return _table(rows) + ("\n" + "\n".join(extra) if extra else "")
 
 

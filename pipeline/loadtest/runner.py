@@ -10,6 +10,8 @@ Closed loop: ``concurrency`` workers, each sends its next request when the previ
 finished. Open loop: requests go at ``t0 + offset`` (absolute schedule); a late send does not
 delay later ones. Both stop after their requests or at ``duration_s``; requests still in
 flight then get ``drain_timeout_s`` to finish and are recorded as cut by the run's end.
+A stream that broke (the server died or dropped the connection) fails its requests then and every later
+request on it at once, as ``connection`` errors (no wait for ``request_timeout_s``).
 """
 
 from __future__ import annotations
@@ -57,11 +59,19 @@ class ProcResult:
     wall_minus_mono: float  # time.time() - time.monotonic() in this process (server ns -> client clock)
 
 
+CONNECTION_KINDS = ("connection",)
+"""Error kinds meaning the server could not be reached or dropped the connection (refused, reset, closed
+mid-answer): the point is incomplete, and ``api.validity`` marks it invalid."""
+CONNECTION_WORDS = ("connection refused", "connection reset", "connection closed", "connection aborted",
+                    "socket closed", "broken pipe", "failed to connect", "connect failed", "end of tcp stream",
+                    "stream removed", "server disconnected", "goaway")
+
+
 def classify(message: str) -> str:
     """An error message -> a kind for ``errors_by_kind``."""
     m = message.lower()
-    for kind, keys in (("cancelled", ("cancel",)), ("timeout", ("timeout", "deadline")),
-                       ("unavailable", ("unavailable", "connect", "socket closed", "failed to")),
+    for kind, keys in (("cancelled", ("cancel",)), ("connection", CONNECTION_WORDS),
+                       ("timeout", ("timeout", "deadline")), ("unavailable", ("unavailable", "connect", "failed to")),
                        ("invalid_request", ("invalid", "must be", "exceed", "unexpected", "not found", "expected"))):
         if any(k in m for k in keys):
             return kind
@@ -94,6 +104,7 @@ class Connection:
         self.pending: dict[str, tuple[RequestRecord, asyncio.Future]] = {}
         self.call = None
         self.reader = None
+        self.broken: tuple[str, str] | None = None  # (message, kind) once the stream failed: later sends fail at once
 
     async def _requests(self):
         while True:
@@ -148,14 +159,25 @@ class Connection:
                     self._finish(ir.id, now)
         except Exception as exc:  # the stream broke: every request on it failed
             msg = getattr(exc, "details", lambda: str(exc))() or str(exc)
-            now = time.monotonic()
-            for rid in list(self.pending):
-                self._finish(rid, now, f"stream failed: {msg}", classify(str(msg)))
+            code = exc.code() if callable(getattr(exc, "code", None)) else None  # grpc.StatusCode
+            unreachable = getattr(code, "name", None) == "UNAVAILABLE"  # refused, reset, closed
+            self._break(f"stream failed: {msg}", "connection" if unreachable else classify(str(msg)))
+            return
+        self._break("the server ended the stream", "connection")  # gone: nothing would answer later requests
+
+    def _break(self, message: str, kind: str) -> None:
+        self.broken = (message, kind)
+        now = time.monotonic()
+        for rid in list(self.pending):
+            self._finish(rid, now, message, kind)
 
     async def send(self, rec: RequestRecord, req, timeout_s: float) -> RequestRecord:
+        rec.sent = time.monotonic()
+        if self.broken is not None:  # nothing reads this stream any more: fail now, not after timeout_s
+            rec.error, rec.error_kind = f"{self.broken[0]} (before this request was sent)", self.broken[1]
+            return rec
         fut = asyncio.get_running_loop().create_future()
         self.pending[req.id] = (rec, fut)
-        rec.sent = time.monotonic()
         self.queue.put_nowait(req)
         try:
             return await asyncio.wait_for(asyncio.shield(fut), timeout_s)

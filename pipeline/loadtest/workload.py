@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plugins.errors import PipelineError
+from plugins.errors import PipelineError, Problem, SpecError
 
 log = logging.getLogger("trtpipe")
 WORDS = ("alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa "
@@ -78,7 +78,7 @@ def sample_lengths(spec: str | int, n: int, rng: np.random.Generator) -> list[in
 class WordTokenizer:
     """Stand-in when the served model has no tokenizer (the trivial model): one word = one token."""
 
-    name = "words (no tokenizer folder)"
+    name = "words (no tokenizer folder: not the model's tokens)"
     vocab_size = None
 
     def count(self, text: str) -> int:
@@ -127,10 +127,12 @@ class HFTokenizer:
 
 
 def load_tokenizer(folder: Path | None):
-    """The tokenizer in ``folder``, or the word stand-in (logged) when there is none."""
+    """The tokenizer in ``folder``, or the word stand-in (a warning line) when there is none."""
     if folder is not None and (Path(folder) / "tokenizer_config.json").is_file():
         return HFTokenizer(Path(folder))
-    log.warning("no tokenizer in %s: counting input lengths in words (fine for the trivial model only)", folder)
+    where = f"no tokenizer_config.json in {folder}" if folder is not None else "no tokenizer folder"
+    log.warning("warning: %s: input lengths are counted in words, not the model's tokens (fine for the trivial "
+                "model only; pass --tokenizer with the model's tokenizer folder)", where)
     return WordTokenizer()
 
 
@@ -167,28 +169,65 @@ PROMPT_KEYS = ("prompt", "text_input", "text", "input")
 OUTPUT_KEYS = ("output_len", "max_tokens", "output_tokens")
 
 
-def from_jsonl(path: Path, n: int, output_len: str, tokenizer, seed: int = 0) -> Workload:
-    """``n`` requests from a JSONL file (one object a line with a prompt field; optional output length field).
-
-    Prompts are shuffled with ``seed`` and reused in order when ``n`` exceeds the file.
-    """
+def read_jsonl(path: Path) -> list[tuple[str, int | None]]:
+    """(prompt, output length in tokens or None) of every non-empty line of a JSONL dataset: one object a line with
+    a prompt field (``PROMPT_KEYS``, a string) and optionally an output length field (``OUTPUT_KEYS``, a whole
+    number of tokens >= 1; null: not given). Raises SpecError naming every bad line at once."""
     path = Path(path)
     if not path.is_file():
         raise PipelineError(f"dataset {path} not found: pass a JSONL file with one {{\"prompt\": ...}} a line")
-    rows = []
+    example = '{"prompt": "Hello", "output_len": 64}'
+    rows, problems = [], []
     for lineno, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
+        where = f"line {lineno}"
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise PipelineError(f"{path}:{lineno}: not JSON ({exc})") from exc
+            problems.append(Problem(where, _clip(line), f"not JSON ({exc})", f"write one JSON object a line, e.g. "
+                                    f"{example}", code="dataset_not_json"))
+            continue
+        if not isinstance(obj, dict):
+            problems.append(Problem(where, _clip(obj), f"a JSON {type(obj).__name__}, not an object",
+                                    f"write one JSON object a line, e.g. {example}", code="dataset_not_object"))
+            continue
         prompt = next((obj[k] for k in PROMPT_KEYS if isinstance(obj.get(k), str)), None)
         if prompt is None:
-            raise PipelineError(f"{path}:{lineno}: no prompt field (one of {', '.join(PROMPT_KEYS)})")
-        rows.append((prompt, next((int(obj[k]) for k in OUTPUT_KEYS if k in obj), None)))
+            key = next((k for k in PROMPT_KEYS if k in obj), None)
+            problems.append(Problem(f"{key} ({where})", _clip(obj[key]), "a prompt must be a string",
+                                    "write the prompt text as a JSON string", code="dataset_prompt") if key else
+                            Problem(where, _clip(obj), f"no prompt field (one of {', '.join(PROMPT_KEYS)})",
+                                    f"add one, e.g. {example}", code="dataset_no_prompt"))
+            continue
+        key = next((k for k in OUTPUT_KEYS if obj.get(k) is not None), None)
+        out = obj[key] if key else None
+        if key and (isinstance(out, bool) or not isinstance(out, int) or out < 1):
+            problems.append(Problem(f"{key} ({where})", out, "an output length must be a whole number of tokens "
+                                    ">= 1", f"write e.g. \"{key}\": 64, or drop it to take --output-len",
+                                    code="dataset_output_len"))
+            continue
+        rows.append((prompt, out))
+    if problems:
+        raise SpecError(problems, str(path), what="the dataset")
     if not rows:
         raise PipelineError(f"{path}: no prompts")
+    return rows
+
+
+def _clip(value, n: int = 80):
+    """``value`` as it reads in an error: long texts cut to ``n`` characters."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    return value if len(text) <= n else text[:n] + "..."
+
+
+def from_jsonl(path: Path, n: int, output_len: str, tokenizer, seed: int = 0) -> Workload:
+    """``n`` requests from a JSONL file (see :func:`read_jsonl`; lines without an output length take
+    ``output_len``).
+
+    Prompts are shuffled with ``seed`` and reused in order when ``n`` exceeds the file.
+    """
+    rows = read_jsonl(path)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(rows))
     outs = sample_lengths(output_len, n, rng)
