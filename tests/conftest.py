@@ -5,6 +5,8 @@ SmolLM2's real tokenizer for fast stage tests."""
 from __future__ import annotations
 
 import os
+
+import plugins  # noqa: F401  (first: it sets OMP_WAIT_POLICY before any test module imports torch)
 import shutil
 from pathlib import Path
 
