@@ -59,6 +59,7 @@ if [ ! -f .dynamo/.installed ]; then
   .dynamo/bin/python -m pip install -q "aiohttp>=3.14.3,<4.0" "certifi>=2026.10.19" "kubernetes>=32.0.1,<33.0.0" \
     "msgspec>=0.19.0" "prometheus-client>=0.23.1,<1.0" "pyzmq>=26.0.0" "redis>=6.2.0,<9.0.0" "tqdm>=4.0.0" \
     "transformers>=4.56.0" "typing-extensions>=4.10.0" "zstandard>=0.23.0,<1.0"
+  echo "[setup] (pip's note that ai-dynamo requires aisimulate is expected: see the comment in scripts/setup.sh)"
   touch .dynamo/.installed
 fi
 echo "[setup] done: $(.venv/bin/trtpipe --version)"
