@@ -742,7 +742,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
         warnings.append(f"the KV pool holds {kv.max_seq_len_sequences} full-length sequences (max_seq_len "
                         f"{lim.max_seq_len}), fewer than max_batch_size {lim.max_batch_size}: at most "
                         f"{kv.max_seq_len_sequences} requests that run to max_seq_len are in flight at once; fix: raise "
-                        f"{knob}" + (", use an FP8 KV cache (kv_cache_quant_algo: fp8) or more tp/pp ranks" if engine
+                        f"{knob}" + ((", use an FP8 KV cache (kv_cache_quant_algo: fp8) or more tp/pp ranks"
+                                      if q.kv_cache_quant_algo != "fp8" else ", use more tp/pp ranks") if engine
                                      else "") +
                         f", or lower limits.max_batch_size to {kv.max_seq_len_sequences} or limits.max_seq_len")
     used = reserve + weights + draft_weights + acts

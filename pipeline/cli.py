@@ -587,6 +587,28 @@ def cmd_cache(args) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    """argparse type: an integer >= 1 (token counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1 (tokens)")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a number > 0 (milliseconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be > 0 (ms)")
+    return value
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="trtpipe",
@@ -619,8 +641,8 @@ def make_parser() -> argparse.ArgumentParser:
                                     "every pre-flight rule, then print the plan (per-rank weights, activations, KV "
                                     "pool, plugins, warnings) and write plan.json into the build folder.")
     _add_build_args(pl)
-    pl.add_argument("--isl", type=int, default=128, help="workload input length in tokens (default 128)")
-    pl.add_argument("--osl", type=int, default=128, help="workload output length in tokens (default 128)")
+    pl.add_argument("--isl", type=_positive, default=128, help="workload input length in tokens (default 128)")
+    pl.add_argument("--osl", type=_positive, default=128, help="workload output length in tokens (default 128)")
     pl.add_argument("--output", type=Path, default=None, help="write plan.json here (default: "
                                                               "build/<name>/<target>/plan.json)")
     pl.add_argument("--hf-config", default=None, help="plan against this HF config.json instead of fetching "
@@ -640,10 +662,10 @@ def make_parser() -> argparse.ArgumentParser:
                                     "a measurement); print the Pareto table and write the choice as a build file. "
                                     "Exit 1 when no candidate meets the targets (the closest are listed).")
     _add_build_args(tn)
-    tn.add_argument("--isl", type=int, required=True, help="input length in tokens")
-    tn.add_argument("--osl", type=int, required=True, help="output length in tokens")
-    tn.add_argument("--ttft-ms", type=float, required=True, help="time-to-first-token target in ms")
-    tn.add_argument("--tpot-ms", type=float, required=True, help="time-per-output-token target in ms")
+    tn.add_argument("--isl", type=_positive, required=True, help="input length in tokens")
+    tn.add_argument("--osl", type=_positive, required=True, help="output length in tokens")
+    tn.add_argument("--ttft-ms", type=_positive_float, required=True, help="time-to-first-token target in ms")
+    tn.add_argument("--tpot-ms", type=_positive_float, required=True, help="time-per-output-token target in ms")
     tn.add_argument("--gpus", type=int, default=None, help="GPUs one instance may use (default: the target's "
                                                           "gpus_per_node)")
     tn.add_argument("--max-ppl-delta-pct", type=float, default=5.0,

@@ -123,7 +123,8 @@ def render_performance(plan: Plan, con: Console) -> None:
     notes = [f"{perf.source}; inputs: gemm {inp.get('gemm_quant_mode')}, KV {inp.get('kvcache_quant_mode')}, "
              f"tp {inp.get('tp_size')} x pp {inp.get('pp_size')}, ctx_tokens min(max_num_tokens "
              f"{inp.get('ctx_tokens')}, concurrency x ISL) "
-             f"({'cached' if perf.cached else f'{perf.elapsed_s:.1f} s'})"]
+             f"({'cached' if perf.cached else f'{perf.elapsed_s:.1f} s'}); tok/s/user is one stream's speed "
+             "(1000 / TPOT), tok/s all streams' output over the whole request"]
     for b in perf.backends:
         label = b.backend
         if not b.points:

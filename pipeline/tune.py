@@ -343,6 +343,8 @@ def tuned_build_file(spec_path: Path, out_path: Path, build: ResolvedBuild, resu
     targets[build.target] = merged
     data["targets"] = targets
 
+    data["name"] = f"{data.get('name', build.name)}-tuned-{build.target}"  # its own build folder and plan.json
+
     def rebase(p: Optional[str]) -> Optional[str]:
         if not p or p.startswith("embedded:") or Path(p).expanduser().is_absolute() or "/" not in p and \
                 not p.startswith("."):
@@ -365,6 +367,10 @@ def tuned_build_file(spec_path: Path, out_path: Path, build: ResolvedBuild, resu
             f"targets.{build.target} holds the choice; why each setting:"]
     head += [f"  {r}" for r in reasons(result)]
     text = "".join(f"# {line}\n" for line in head)
+    first = spec_path.read_text().splitlines()[:1]
+    if first and first[0].startswith("# yaml-language-server:"):  # editor completion, rebased like the paths
+        schema = first[0].split("$schema=", 1)[-1].strip()
+        text = f"# yaml-language-server: $schema={rebase(schema) or schema}\n" + text
     return text + yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
 
 

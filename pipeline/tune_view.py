@@ -48,6 +48,10 @@ def render_tune(build, result: TuneResult, default: Optional[list[tuple[dict, st
               f"(trtllm {result.backend_version or '?'} database); {result.elapsed_s:.1f} s", highlight=False)
     acc = "; ".join(f"{q} {'-' if d is None else f'+{d:.1f}%'} ({src})" for q, (d, src) in result.accuracy.items())
     con.print(f"perplexity delta by recipe: {acc}", highlight=False)
+    if any("recorded on" in src for _, src in result.accuracy.values()):
+        con.print("  (the recorded table was measured on a 135M model, which loses more to quantization than a "
+                  "larger one: run `trtpipe verify` on this build for its own numbers, or raise "
+                  "--max-ppl-delta-pct)", highlight=False)
     front = result.pareto()
     con.print(_table(f"Pareto front (tok/s/GPU vs tok/s/user), {min(len(front), PARETO_ROWS)} of {len(front)}; "
                      "* the choice; bs max_batch_size, mnt max_num_tokens, kvfrac kv_cache_free_gpu_mem_fraction, "

@@ -95,8 +95,12 @@ def test_the_written_build_file_plans_cleanly_with_the_choice(searched, tmp_path
     out = tmp_path / "sub" / "tuned.yaml"
     plan = tune.write_build_file(LLAMA, out, build, target, hf_config("llama-3-8b"), result)
     text = out.read_text()
-    assert text.startswith("# Written by `trtpipe tune") and "why each setting" in text
+    assert text.startswith("# yaml-language-server: $schema=") and "# Written by `trtpipe tune" in text
+    assert "why each setting" in text
+    schema = (out.parent / text.splitlines()[0].split("$schema=")[1]).resolve()
+    assert schema == (REPO / "docs" / "build.schema.json").resolve()  # rebased to the new folder
     tuned = load_spec(out, "h200")  # the model paths were rebased to the new folder
+    assert tuned.name == "llama-3-8b-tuned-h200"  # its own build folder: the original's plan is not overwritten
     assert tuned.model.hf_config == load_spec(LLAMA, "h200").model.hf_config
     c = result.best.candidate
     s = tuned.settings
