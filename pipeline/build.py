@@ -33,7 +33,7 @@ from builders.spec import ResolvedBuild
 from pipeline.cache import StageResult, library_versions, run_stage, stage_key
 from plugins.architectures import architecture
 from plugins.errors import PipelineError, StageError
-from plugins.fsutil import build_lock, cache_root, measure, write_json
+from plugins.fsutil import build_lock, cache_root, check_writable, measure, write_failures_reported, write_json
 from plugins.targets import TargetProfile, get_target
 
 SERVED_STAGES = ("model_repo", "bundle")
@@ -86,6 +86,8 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
 
     Raises:
         SpecError: the spec contradicts the target or the model (before any heavy work).
+        WriteError: the output root or the cache cannot be written (read-only, a file in the way; before any heavy
+            work), or the disk filled up while writing (completed stages stay valid).
         StageError: a stage failed; completed stages stay valid, the failed one leaves nothing.
     """
     t_start = time.time()
@@ -93,6 +95,8 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     # cheap checks first: nothing heavy runs on a bad spec (a local config.json joins them: all problems at once)
     preflight.check(build, target, model_fetch.local_hf_config(build.model.source))
     out = build_dir(build, out_root, variant)
+    check_writable(out, "the build folder")  # a read-only output root fails now, not after the calibration
+    check_writable(cache_root(), "the cache ($TRTPIPE_CACHE)")  # the build lock lives there
     if toolchain is None and build.runtime.engine == "trtllm-build":
         from builders.engine_trtllm import installed_toolchain
 
@@ -101,11 +105,13 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     with measure("model") as t_model:
         hf_dir = model_fetch.resolve_source(build.model.source)
         plan = preflight.make_plan(build, target, read_hf_config(hf_dir), spec_checked=True)
-    with build_lock(out):  # one build at a time per output folder (a second one waits)
+    # one build at a time per output folder (a second one waits); a full disk is reported with its path and fix
+    with write_failures_reported(out, "the build"), build_lock(out):
         versions = library_versions()
         manifest: dict = {"build": build.name, "target": build.target, "runtime": build.settings.runtime,
                           "spec_path": build.spec_path, "settings": build.settings.model_dump(mode="json"),
-                          "model_source": build.model.source, "versions": versions, "host": platform.node(),
+                          "model_source": build.model.source, "trust_remote_code": build.model.trust_remote_code,
+                          "versions": versions, "host": platform.node(),
                           "stages": {}}
         with measure("model") as t_digest:
             plan.write(out / "plan.json")  # beside manifest.json
@@ -172,7 +178,7 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
         if needs_calibration(q.quant_algo, q.kv_cache_quant_algo):
             from transformers import AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(str(ctx.hf_dir))
+            tok = AutoTokenizer.from_pretrained(str(ctx.hf_dir), trust_remote_code=build.model.trust_remote_code)
             c = q.calibration
             samples = token_windows(tok, "calibration", c.num_samples, c.seq_len, c.seed, c.dataset)
         if fmt == "hf_unified":
@@ -181,12 +187,12 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
             return quantize_to_hf_checkpoint(
                 ctx.hf_dir, tmp, quant_algo=q.quant_algo, group_size=q.group_size,
                 kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, calib_samples=samples,
-                progress=_progress_factory(ctx.progress))
+                progress=_progress_factory(ctx.progress), trust_remote_code=build.model.trust_remote_code)
         return quantize_to_checkpoint(
             ctx.hf_dir, tmp, quant_algo=q.quant_algo, group_size=q.group_size,
             kv_cache_quant_algo=q.kv_cache_quant_algo, dtype=s.dtype, tp_size=s.parallelism.tp_size,
             pp_size=s.parallelism.pp_size, decoder_type=decoder_type, calib_samples=samples,
-            progress=_progress_factory(ctx.progress))
+            progress=_progress_factory(ctx.progress), trust_remote_code=build.model.trust_remote_code)
 
     return run_stage("checkpoint", ctx.out / "checkpoint", key, produce, force=ctx.force)
 
@@ -204,7 +210,7 @@ def verify_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
 
     def produce(tmp: Path) -> dict:
         report = verify_checkpoint(ckpt.path, ctx.hf_dir, s.gates, dataset=s.quantization.calibration.dataset,
-                                   out_json=tmp / "verify.json")
+                                   out_json=tmp / "verify.json", trust_remote_code=ctx.build.model.trust_remote_code)
         return {"metrics": report["metrics"], "gates": report["gates"], "passed": report["passed"]}
 
     try:
@@ -317,6 +323,7 @@ def deploy_build(build: ResolvedBuild, *, out_root: Path | None = None, variant:
 
     Raises:
         PipelineError: the build folder has neither ``model_repo/`` nor ``bundle/`` (not built yet).
+        WriteError: the build folder cannot be written (read-only, disk full).
     """
     target = get_target(build.target)
     out = build_dir(build, out_root, variant)
@@ -330,7 +337,8 @@ def deploy_build(build: ResolvedBuild, *, out_root: Path | None = None, variant:
         raise PipelineError(f"{out} holds no built model repository or bundle (looked for "
                             f"{' and '.join(f'{n}/stage.json' for n in SERVED_STAGES)}): build it first with "
                             f"`trtpipe build {build.spec_path} --target {build.target}{flags}`")
-    with build_lock(out):
+    check_writable(out / "deploy", "the deployment folder")
+    with write_failures_reported(out, "the deploy stage"), build_lock(out):
         result = _deploy(build, target, served[0], out, force)
         if manifest_path.is_file():
             manifest = json.loads(manifest_path.read_text())

@@ -3,8 +3,9 @@
 A stage folder is ``<root>/<build>/<target>/<stage>/`` with a ``stage.json`` naming its key, a
 hash of exactly the inputs that decide its output. The folder is written under a temporary name
 and renamed when complete (plugins.fsutil.atomic_dir), so a folder that exists is a finished
-stage. Temporary folders (``.<stage>.tmp-*``, ``.<stage>.old-*``) are what a killed build left
-behind: never read, always safe to delete.
+stage. Temporary folders (``.<stage>.tmp-*``, ``.<stage>.old-*`` holding ``.trtpipe-tmp``) are what a killed
+build left behind: never read, always safe to delete. A folder of that name without the marker is not
+trtpipe's and is left alone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from plugins.fsutil import atomic_dir, measure, write_json
+from plugins.fsutil import TMP_MARKER, atomic_dir, is_own_temporary, measure, write_failure, write_json
 
 log = logging.getLogger("trtpipe.cache")
 
@@ -64,6 +65,10 @@ def run_stage(name: str, out: Path, key: str, produce: Callable[[Path], dict], *
     """Run ``produce(tmp_dir)`` unless ``out/stage.json`` already has ``key``.
 
     ``produce`` fills the temporary folder and returns a dict of facts for the manifest.
+
+    Raises:
+        WriteError: the disk filled up (or is read-only) while the stage wrote; its temporary folder is removed.
+        PipelineError: ``out`` is a file or folder trtpipe did not write (plugins.fsutil.atomic_dir).
     """
     marker = out / "stage.json"
     remove_stale_temps(out)
@@ -73,11 +78,18 @@ def run_stage(name: str, out: Path, key: str, produce: Callable[[Path], dict], *
             log.info("%-10s up to date (key %s), reusing %s", name, key, out)
             return StageResult(name, out, key, True, prev.get("timing", {}), prev.get("info", {}))
     log.info("%-10s running -> %s", name, out)
-    with measure(name) as timing, atomic_dir(out, marker="stage.json") as tmp:
-        info = produce(tmp) or {}
-        (tmp / "stage.json").write_text(json.dumps({"stage": name, "key": key, "info": info}, default=str))
-    record = {"stage": name, "key": key, "timing": timing.as_dict(), "info": info}
-    write_json(marker, record)
+    try:
+        with measure(name) as timing, atomic_dir(out, marker="stage.json") as tmp:
+            info = produce(tmp) or {}
+            (tmp / "stage.json").write_text(json.dumps({"stage": name, "key": key, "info": info}, default=str))
+        record = {"stage": name, "key": key, "timing": timing.as_dict(), "info": info}
+        write_json(marker, record)
+    except Exception as exc:  # a full or read-only disk is the user's to fix, not a bug: say where and how
+        err = write_failure(exc, out, f"the {name} stage",
+                            kept="; its partial output was removed and the finished stages are kept")
+        if err is None:
+            raise
+        raise err from exc
     log.info("%-10s done in %.1f s (peak RSS %.0f MiB)", name, timing.wall_s, timing.peak_rss_bytes / 2**20)
     return StageResult(name, out, key, False, timing.as_dict(), info)
 
@@ -87,11 +99,16 @@ def remove_stale_temps(out: Path) -> None:
 
     They are never read (a stage folder without ``stage.json`` is never reused either); this only
     frees their space. Builds of one output folder are serialised by fsutil.build_lock, so no running
-    build owns them.
+    build owns them. Only folders trtpipe made (``.trtpipe-tmp`` in them, fsutil.is_own_temporary) are
+    deleted; anything else of that name is left as it is.
     """
     if not out.parent.is_dir():
         return
     for stale in list(out.parent.glob(f".{out.name}.tmp-*")) + list(out.parent.glob(f".{out.name}.old-*")):
+        if not is_own_temporary(stale, "stage.json"):
+            log.warning("%-10s leaving %s as it is: trtpipe did not make it (no %s in it)", out.name, stale,
+                        TMP_MARKER)
+            continue
         log.info("%-10s removing %s left by an interrupted build", out.name, stale.name)
         shutil.rmtree(stale, ignore_errors=True)
 
@@ -122,6 +139,8 @@ def entries(root: Path) -> list[CacheEntry]:
         build, target, stage = leaf.parts[-3:]
         marker = leaf / "stage.json"
         temporary = stage.startswith(".") and (".tmp-" in stage or ".old-" in stage)
+        if temporary and not is_own_temporary(leaf, "stage.json"):
+            continue  # that name, but not trtpipe's folder: never listed, never cleaned
         if not (marker.is_file() or temporary):
             continue
         key = json.loads(marker.read_text()).get("key") if marker.is_file() else None

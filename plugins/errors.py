@@ -61,6 +61,21 @@ class StageError(PipelineError):
     """A pipeline stage failed after its inputs were validated (the message says why and what to do)."""
 
 
+class WriteError(PipelineError):
+    """A folder trtpipe writes cannot take the write: the disk is full (ENOSPC, EDQUOT), it is read-only (EROFS),
+    no permission (EACCES) or a file is in the way (ENOTDIR). The message names the path, the reason and the fix.
+
+    Attributes:
+        path: the file or folder that could not be written.
+        errno: the reason, as an ``errno`` code.
+    """
+
+    def __init__(self, message: str, path=None, errno: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.errno = errno
+
+
 KEY_ALIASES: dict[str, tuple[str, ...]] = {
     "tp_size": ("tp", "tensor_parallel", "tensor_parallel_size", "tensor_parallelism"),
     "pp_size": ("pp", "pipeline_parallel", "pipeline_parallel_size", "pipeline_parallelism"),

@@ -48,6 +48,20 @@ def test_a_stage_never_replaces_a_folder_it_did_not_write(tmp_path):
     assert (ours / "b").is_file() and not (ours / "a").exists()
 
 
+def test_a_stage_never_replaces_a_file_or_link_it_did_not_write(tmp_path):
+    """Neither renamed aside nor deleted: a user's file, or a link (to a stage folder elsewhere), at a stage's path."""
+    (tmp_path / "engine").write_text("mine")
+    elsewhere = tmp_path / "elsewhere"
+    run_stage("model_repo", elsewhere, "k1", lambda d: (d / "a").write_text("1") and {})
+    (tmp_path / "model_repo").symlink_to(elsewhere)
+    for name, what in (("engine", "a file"), ("model_repo", "a link")):
+        with pytest.raises(PipelineError, match=f"not written by trtpipe \\({what}\\)"):
+            run_stage(name, tmp_path / name, "k2", lambda d: (d / "b").write_text("2") and {})
+    assert (tmp_path / "engine").read_text() == "mine" and (tmp_path / "model_repo").readlink() == elsewhere
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "engine", "model_repo"]
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["a", "stage.json"]
+
+
 def test_write_json_leaves_no_temporary_file_when_it_fails(tmp_path):
     target = tmp_path / "out.json"
     target.mkdir()
