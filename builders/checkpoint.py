@@ -347,9 +347,12 @@ def read_checkpoint(ckpt_dir: str | Path, vocab_size: int | None = None
 def write_hf_folder(sd: dict[str, torch.Tensor], hf_dir: Path, out_dir: Path, dtype: torch.dtype,
                     tie_word_embeddings: bool) -> dict:
     """Save a dequantized state dict as an HF model folder: ``model.safetensors`` in ``dtype`` and the source's
-    config.json (quantization_config removed, ``tie_word_embeddings`` as given: a tied lm_head is not written).
-    ``from_pretrained(out_dir)`` then loads it with the library's own name mapping. Returns the config written."""
+    config.json (quantization_config removed, ``tie_word_embeddings`` as given: a tied lm_head is not written) and
+    the Python files its ``auto_map`` needs (builders.model_fetch.copy_custom_code). ``from_pretrained(out_dir)``
+    then loads it with the library's own name mapping. Returns the config written."""
     from safetensors.torch import save_file
+
+    from builders.model_fetch import copy_custom_code
 
     hf_cfg = json.loads((Path(hf_dir) / "config.json").read_text())
     if tie_word_embeddings:
@@ -361,6 +364,7 @@ def write_hf_folder(sd: dict[str, torch.Tensor], hf_dir: Path, out_dir: Path, dt
     save_file({k: v.to(dtype).contiguous() for k, v in sd.items()}, str(out_dir / "model.safetensors"),
               metadata={"format": "pt", "source": "trtpipe dequantized checkpoint"})
     (out_dir / "config.json").write_text(json.dumps(hf_cfg, indent=2) + "\n")
+    copy_custom_code(Path(hf_dir), out_dir)
     return hf_cfg
 
 

@@ -92,6 +92,8 @@ def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None, release: 
         "kv_cache_config": kv,
         "scheduler_config": {"capacity_scheduler_policy": SCHEDULER_POLICY[sv.batch_scheduler_policy]},
         "cuda_graph_config": {"batch_sizes": cuda_graph_batch_sizes(lim.max_batch_size), "enable_padding": True},
+        # the build file's model.trust_remote_code, said explicitly (the LLM API loads the tokenizer and model)
+        "trust_remote_code": build.model.trust_remote_code,
     }
     if sv.speculative_decoding is not None:
         options["speculative_config"] = speculative_config(sv.speculative_decoding, release)

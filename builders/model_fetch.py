@@ -91,6 +91,112 @@ def check_hf_folder(path: Path, field: str = "model.source") -> None:
                                  code="model_incomplete")])
 
 
+CODE_CONFIG_FILES = ("config.json", "tokenizer_config.json")
+"""The files of a checkpoint whose ``auto_map`` names Python modules of the checkpoint's own (``modeling_*.py``,
+``tokenization_*.py``...) that transformers imports and runs when it loads the model or the tokenizer with
+``trust_remote_code=True`` (transformers ``dynamic_module_utils``): the spec field ``model.trust_remote_code``."""
+LOADED_AUTO_CLASSES = ("AutoConfig", "AutoModelForCausalLM", "AutoTokenizer")
+"""The auto classes trtpipe loads a checkpoint with (its ``auto_map`` entries for others never run)."""
+
+
+@dataclass(frozen=True)
+class CodeEntry:
+    """One ``auto_map`` entry: the file it is in, the auto class and the ``module.Class`` references it names."""
+
+    file: str
+    auto_class: str
+    refs: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.auto_class} -> {', '.join(self.refs)}"
+
+
+def custom_code(hf_config: dict | None = None, folder: Path | str | None = None) -> list[CodeEntry]:
+    """Every ``auto_map`` entry of ``hf_config`` (a config.json as a dict) and of :data:`CODE_CONFIG_FILES` in
+    ``folder`` (config.json read there only when ``hf_config`` is None); empty when the checkpoint names no code of
+    its own. An unreadable file counts as none (the loaders report it)."""
+    folder = Path(folder) if folder is not None and Path(folder).is_dir() else None
+    configs: list[tuple[str, dict]] = [("config.json", hf_config)] if hf_config is not None else []
+    for name in CODE_CONFIG_FILES:
+        if folder is None or (name == "config.json" and hf_config is not None) or not (folder / name).is_file():
+            continue
+        try:
+            configs.append((name, json.loads((folder / name).read_text())))
+        except (OSError, ValueError):
+            continue
+    out = []
+    for name, cfg in configs:
+        auto_map = cfg.get("auto_map") if isinstance(cfg, dict) else None
+        if isinstance(auto_map, (list, tuple)):  # the tokenizer's legacy form: [slow, fast]
+            auto_map = {"AutoTokenizer": auto_map}
+        for auto, ref in (auto_map.items() if isinstance(auto_map, dict) else ()):
+            refs = tuple(str(r) for r in (ref if isinstance(ref, (list, tuple)) else [ref]) if r)
+            out.append(CodeEntry(name, str(auto), refs))
+    return out
+
+
+def library_class(entry: CodeEntry, hf_config: dict | None, tokenizer_config: dict | None = None) -> str | None:
+    """The class of transformers' own that loads ``entry``'s part of the checkpoint when its code may not run
+    (``trust_remote_code=False``), as transformers 5.24 decides it (``has_local_code`` of AutoConfig,
+    AutoModelForCausalLM and AutoTokenizer ``from_pretrained``: the config's model_type, or the tokenizer_class
+    tokenizer_config.json names); None when it has none, so the load needs the code (transformers refuses it
+    without). Entries of auto classes trtpipe does not load (:data:`LOADED_AUTO_CLASSES`) give None too."""
+    model_type = (hf_config or {}).get("model_type")
+    if entry.auto_class == "AutoConfig":
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+        return CONFIG_MAPPING_NAMES.get(model_type)
+    if entry.auto_class == "AutoModelForCausalLM":
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) if model_type in CONFIG_MAPPING_NAMES else None
+    if entry.auto_class == "AutoTokenizer":
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+        if model_type in TOKENIZER_MAPPING_NAMES:
+            return TOKENIZER_MAPPING_NAMES[model_type] or "TokenizersBackend"
+        name = str((tokenizer_config or {}).get("tokenizer_class") or "").removesuffix("Fast")
+        found = name and (tokenizer_class_from_name(name) or tokenizer_class_from_name(name + "Fast"))
+        return found.__name__ if found else None
+    return None
+
+
+def code_stand_ins(hf_config: dict | None, folder: Path | str | None = None) -> list[tuple[CodeEntry, str | None]]:
+    """Each :func:`custom_code` entry of the checkpoint with :func:`library_class` for it: what loads in its place
+    when the checkpoint's code may not run (None: nothing, the load needs the code). Entries of auto classes
+    trtpipe does not load are left out: their code runs in no case."""
+    entries = [e for e in custom_code(hf_config, folder) if e.auto_class in LOADED_AUTO_CLASSES]
+    if not entries:
+        return []
+    if hf_config is None and folder is not None and (Path(folder) / "config.json").is_file():
+        try:
+            hf_config = json.loads((Path(folder) / "config.json").read_text())
+        except (OSError, ValueError):
+            hf_config = None
+    tok_path = Path(folder) / "tokenizer_config.json" if folder is not None else None
+    try:
+        tok_cfg = json.loads(tok_path.read_text()) if tok_path is not None and tok_path.is_file() else None
+    except (OSError, ValueError):
+        tok_cfg = None
+    return [(e, library_class(e, hf_config, tok_cfg)) for e in entries]
+
+
+def copy_custom_code(src: Path, dst: Path) -> list[str]:
+    """Copy the Python files of ``src`` (top level, where transformers looks for the modules ``auto_map`` names and
+    their relative imports) into ``dst`` when ``src`` names code of its own (:func:`custom_code`), so a folder made
+    from the checkpoint loads as the checkpoint does; returns the names copied. Whether the code may run is
+    ``model.trust_remote_code``'s, at each load."""
+    if not custom_code(folder=src):
+        return []
+    names = sorted(p.name for p in Path(src).glob("*.py") if p.is_file())
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    for n in names:
+        (Path(dst) / n).unlink(missing_ok=True)  # dst may be a hard link into another stage's folder
+        shutil.copy2(Path(src) / n, Path(dst) / n)
+    return names
+
+
 def resolve_source(source: str) -> Path:
     """Return a local HF checkpoint folder for ``source``, fetching embedded models once.
 
@@ -189,12 +295,14 @@ def load_gguf_model(gguf: Path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     try:
-        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # An embedded model's GGUF file carries tensors and metadata, no code: nothing of the file's runs.
+        config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
         for attr, value in _gguf_config_overrides(gguf).items():
             if hasattr(config, attr):  # only what this family's config has (Phi-3's has no head_dim)
                 setattr(config, attr, value)
         loaded, info = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, config=config,
-                                                            dtype=torch.float32, output_loading_info=True)
+                                                            dtype=torch.float32, output_loading_info=True,
+                                                            trust_remote_code=False)
     except Exception as exc:  # transformers raises many types here
         raise StageError(f"could not read {gguf} with transformers: {exc}. "
                          "Check that the `gguf` and `accelerate` packages are installed (make setup).") from exc
@@ -225,7 +333,7 @@ def _convert_gguf(gguf: Path, out: Path, em: EmbeddedModel) -> None:
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
     except Exception as exc:
         raise StageError(f"could not read the tokenizer of {gguf} with transformers: {exc}") from exc
     plain = load_gguf_model(gguf)
@@ -295,8 +403,9 @@ def portable_tokenizer_config(cfg: dict, *, has_tokenizer_json: bool) -> dict:
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
-    """Copy tokenizer, chat template and generation config files from ``src`` to ``dst``; the copy's
-    ``tokenizer_config.json`` is :func:`portable_tokenizer_config` of the source's."""
+    """Copy tokenizer, chat template and generation config files from ``src`` to ``dst``, and the checkpoint's own
+    Python code where it names some (:func:`copy_custom_code`); the copy's ``tokenizer_config.json`` is
+    :func:`portable_tokenizer_config` of the source's."""
     dst.mkdir(parents=True, exist_ok=True)
     names = ["tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
              "vocab.json", "merges.txt", "chat_template.jinja", "generation_config.json", "added_tokens.json"]
@@ -304,6 +413,7 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
         if (src / n).is_file():
             (dst / n).unlink(missing_ok=True)  # dst may be a hard link into another stage's folder
             shutil.copy2(src / n, dst / n)
+    copy_custom_code(src, dst)
     if (dst / "tokenizer_config.json").is_file():
         cfg = json.loads((dst / "tokenizer_config.json").read_text())
         fixed = portable_tokenizer_config(cfg, has_tokenizer_json=(dst / "tokenizer.json").is_file())

@@ -424,6 +424,16 @@ class PerformancePrediction(_Frozen):
     cached: bool = False
 
 
+class CustomCode(_Frozen):
+    """One ``auto_map`` entry of the checkpoint (builders.model_fetch.code_stand_ins)."""
+
+    entry: str
+    """``<file>: <auto class> -> <module.Class>``."""
+    library_class: Optional[str]
+    """transformers' own class that loads this part while model.trust_remote_code is false; null: none (the
+    checkpoint cannot be loaded without running its code)."""
+
+
 class Plan(_Frozen):
     """What a build will be, on which hardware, with which memory: the content of plan.json."""
 
@@ -469,6 +479,11 @@ class Plan(_Frozen):
     warnings: list[str]
     performance: Optional[PerformancePrediction] = None
     """Predicted TTFT, TPOT and throughput (``trtpipe plan``, runtimes trtllm and trtllm-llmapi on GPU targets)."""
+    trust_remote_code: bool = False
+    """The spec's ``model.trust_remote_code``: whether transformers may run the checkpoint's own code, at every
+    load in the build and in the served models."""
+    custom_code: list[CustomCode] = []
+    """The checkpoint's own code, as its ``auto_map`` entries name it (:func:`source_code`); empty: none."""
 
     def to_json(self) -> dict:
         return self.model_dump(mode="json")
@@ -773,6 +788,21 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                             f"decoding docs) and max_batch_size is {lim.max_batch_size}: set serving."
                             f"speculative_decoding.max_concurrency (e.g. {SPECULATIVE_HELPS_UP_TO}) to stop drafting "
                             "when more requests are in flight")
+    code = source_code(build, hf_config)
+    named = "; ".join(c.entry for c in code)
+    if build.model.trust_remote_code:
+        warnings.append(f"model.trust_remote_code is true: the checkpoint's own Python code ({named}) runs, with this "
+                        "user's rights, wherever transformers loads the checkpoint or its tokenizer: in this build and "
+                        "in the served models; read it before building" if code else
+                        "model.trust_remote_code is true but the checkpoint names no code of its own (no auto_map in "
+                        "config.json or tokenizer_config.json): none runs now, but code added to the checkpoint later "
+                        "would run unchecked; set it false")
+    elif code and all(c.library_class for c in code):  # (code no class stands in for: builders.preflight refuses)
+        warnings.append(f"the checkpoint names Python code of its own ({named}) that does not run "
+                        f"(model.trust_remote_code is false): transformers' own "
+                        f"{', '.join(sorted({c.library_class for c in code}))} load it instead, as for any checkpoint "
+                        f"of model_type {hf_config.get('model_type')!r}; if this one needs its own code, read it and "
+                        "set model.trust_remote_code: true")
     if build.runtime.builds_trt_engine and arch is not None and "trtllm-llmapi" in RUNTIMES \
             and support(arch, RUNTIMES["trtllm-llmapi"], build.recipe).ok:
         warnings.append(f"the engine path (runtime {s.runtime}) works with TensorRT-LLM 1.2.x only; runtime trtllm-llmapi "
@@ -789,7 +819,19 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 speculative=spec,
                 runtime_settings=(portable_runtime_settings(build, kv.capacity_tokens if target.kind == "gpu" else None)
                                   if build.runtime.settings else []),
-                warnings=warnings)
+                warnings=warnings, trust_remote_code=build.model.trust_remote_code, custom_code=code)
+
+
+def source_code(build: ResolvedBuild, hf_config: dict) -> list[CustomCode]:
+    """The Python code of the checkpoint's own that a load of ``build``'s model would run with
+    model.trust_remote_code (the ``auto_map`` entries of ``hf_config`` and of the tokenizer_config.json of a local
+    ``model.source``), each with what transformers loads in its place without it
+    (builders.model_fetch.code_stand_ins)."""
+    from builders.model_fetch import code_stand_ins
+
+    source = build.model.source
+    return [CustomCode(entry=str(e), library_class=cls)
+            for e, cls in code_stand_ins(hf_config, None if source.startswith("embedded:") else source)]
 
 
 def read_hf_config(hf_dir: Path) -> dict:

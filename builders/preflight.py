@@ -16,7 +16,7 @@ from pathlib import Path
 
 from builders.llmapi_options import RELEASES, llm_api_options, option_problems
 from builders.plan import (ModelShape, Plan, compute_plan, draft_config, human_bytes, layer_shards,
-                           plugin_decisions, read_hf_config, rope_context)
+                           plugin_decisions, read_hf_config, rope_context, source_code)
 from builders.spec import ResolvedBuild
 from plugins.architectures import ARCHITECTURES, ROPE_TYPES, Architecture, architecture, support
 from plugins.recipes import QUANT_RECIPES
@@ -179,6 +179,13 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
         problems += [Problem(where(p.field), p.value, p.rule, p.fix, p.code)
                      for r in RELEASES for p in option_problems(llm_api_options(build, release=r), releases=[r])]
     problems += llmapi_feature_problems(build)
+    # The LLM API's trust_remote_code is the build's one switch (every load of the checkpoint, in the build too).
+    if "trust_remote_code" in (sv.llm_api_options or {}):
+        problems.append(Problem(where("serving.llm_api_options") + ".trust_remote_code",
+                                sv.llm_api_options["trust_remote_code"], "whether the checkpoint's own code runs is "
+                                "model.trust_remote_code, for every load (build, tokenizer models, LLM API) at once",
+                                "remove serving.llm_api_options.trust_remote_code and set model.trust_remote_code in "
+                                "the build file", code="llm_api_trust_remote_code"))
 
     # KV-cache reuse and chunked context need an engine built with paged context FMHA
     # (https://nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html: "KV cache reuse
@@ -467,6 +474,23 @@ def architecture_problems(build: ResolvedBuild, hf_config: dict, where: str) -> 
     return problems
 
 
+def remote_code_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
+    """A checkpoint that needs Python code of its own to load (an ``auto_map`` entry in config.json or
+    tokenizer_config.json that no class of transformers' own stands in for: builders.plan.source_code) is refused
+    while ``model.trust_remote_code`` is false, before any stage: every load of it would fail (transformers refuses
+    the code, ``dynamic_module_utils.resolve_trust_remote_code``). Code that transformers' own classes replace
+    (Phi-3's modeling_phi3.py) does not run and is not refused: the plan says so (compute_plan's warnings)."""
+    needed = [c.entry for c in source_code(build, hf_config) if c.library_class is None]
+    if build.model.trust_remote_code or not needed:
+        return []
+    where = str(hf_config.get("_name_or_path") or build.model.source)
+    return [Problem("model.trust_remote_code", False, f"the checkpoint {where} needs Python code of its own to load "
+                    f"({'; '.join(needed)}: transformers has no class of its own for it), which transformers would "
+                    "import and run, and model.trust_remote_code is false (the default: no checkpoint code runs)",
+                    "read that code; if you trust it, set `model.trust_remote_code: true` in the build file, else "
+                    "use a checkpoint without it", code="remote_code")]
+
+
 def support_problems(build: ResolvedBuild, arch: Architecture) -> list[Problem]:
     """A Problem when ``build``'s runtime or quantization cannot build ``arch``, naming what can."""
     s, where = build.settings, build.where
@@ -497,6 +521,7 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
         SpecError: every problem at once.
     """
     problems = [] if spec_checked else spec_problems(build, target)
+    problems += remote_code_problems(build, hf_config)
     problems += architecture_problems(build, hf_config, str(hf_config.get("_name_or_path", "config.json")))
     if not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
         problems += model_problems(build, hf_config)

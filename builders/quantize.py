@@ -160,10 +160,22 @@ def export_checkpoint(model, out_dir: Path, *, quant_algo: str, group_size: int,
     return {"export_s": round(export_s, 3), "patched": patched}
 
 
+def load_source_model(hf_dir: Path, dtype, *, trust_remote_code: bool):
+    """The source checkpoint as transformers loads it for calibration, on the CPU in ``dtype`` (a torch dtype).
+
+    ``trust_remote_code`` is the spec's ``model.trust_remote_code``: true lets the modules the checkpoint's
+    ``auto_map`` names run (its own model class); false loads the library's class for the config's model_type
+    (a checkpoint whose code the library cannot stand in for is refused by transformers)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, trust_remote_code=trust_remote_code)
+
+
 def quantize_to_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, group_size: int,
                            kv_cache_quant_algo: str | None, dtype: str, tp_size: int, pp_size: int,
                            decoder_type: str, calib_samples: list[list[int]],
-                           progress: Callable[[str, int], Any] | None = None) -> dict:
+                           progress: Callable[[str, int], Any] | None = None,
+                           trust_remote_code: bool = False) -> dict:
     """Quantize ``hf_dir`` with ModelOpt and export a TensorRT-LLM checkpoint into ``out_dir``.
 
     Args:
@@ -177,6 +189,7 @@ def quantize_to_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, grou
         decoder_type: ModelOpt decoder family (``llama``).
         calib_samples: token-id sequences for the calibration forward loop.
         progress: optional factory ``progress(description, total)`` returning a tqdm-like bar.
+        trust_remote_code: ``model.trust_remote_code`` (:func:`load_source_model`).
 
     Returns:
         dict with ``calibration_s``, ``calibration_peak_rss_mib``, ``export_s``, ``device``,
@@ -187,10 +200,10 @@ def quantize_to_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, grou
     """
     import modelopt
     import torch
-    from transformers import AutoModelForCausalLM
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32 if device == "cpu" else torch.float16)
+    model = load_source_model(hf_dir, torch.float32 if device == "cpu" else torch.float16,
+                              trust_remote_code=trust_remote_code)
     model.to(device).eval()
     calib = quantize_model(model, quant_algo=quant_algo, group_size=group_size,
                            kv_cache_quant_algo=kv_cache_quant_algo, calib_samples=calib_samples, progress=progress)

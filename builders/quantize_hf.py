@@ -22,8 +22,10 @@ from plugins.errors import StageError
 
 def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, group_size: int,
                               kv_cache_quant_algo: str | None, dtype: str, calib_samples: list[list[int]],
-                              progress: Callable[[str, int], Any] | None = None) -> dict:
-    """Quantize ``hf_dir`` with ModelOpt and export the unified HF checkpoint into ``out_dir``.
+                              progress: Callable[[str, int], Any] | None = None,
+                              trust_remote_code: bool = False) -> dict:
+    """Quantize ``hf_dir`` with ModelOpt and export the unified HF checkpoint into ``out_dir`` (the source loaded
+    with ``trust_remote_code``, the spec's ``model.trust_remote_code``: builders.quantize.load_source_model).
 
     Raises:
         StageError: ModelOpt refused the model or the recipe.
@@ -31,14 +33,14 @@ def quantize_to_hf_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, g
     import modelopt
     import torch
     from modelopt.torch.export import export_hf_checkpoint
-    from transformers import AutoModelForCausalLM
 
     from builders.model_fetch import copy_tokenizer
-    from builders.quantize import quantize_model
+    from builders.quantize import load_source_model, quantize_model
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32 if device == "cpu" else torch_dtype)
+    model = load_source_model(hf_dir, torch.float32 if device == "cpu" else torch_dtype,
+                              trust_remote_code=trust_remote_code)
     model.to(device).eval()
     calib = quantize_model(model, quant_algo=quant_algo, group_size=group_size,
                            kv_cache_quant_algo=kv_cache_quant_algo, calib_samples=calib_samples, progress=progress)

@@ -60,6 +60,12 @@ class ModelSource(_Strict):
     hf_config: Optional[str] = None
     """A config.json of the same model for ``trtpipe plan`` while ``source`` is not downloaded yet (relative
     paths resolve against the YAML file). The build always reads the checkpoint's own."""
+    trust_remote_code: bool = Field(False, **decides("model_repo", "bundle"))
+    """Let transformers import and run the checkpoint's own Python code (the modules its config.json or
+    tokenizer_config.json names in ``auto_map``) wherever the checkpoint or its tokenizer is loaded: in the build
+    and in the served models (passed to them as the ``trust_remote_code`` parameter and LLM-API option). false:
+    that code never runs, and a checkpoint that cannot load without it (no class of transformers' own stands in for
+    it) is refused before any stage runs. Set true only after reading that code."""
 
 
 class CalibrationConfig(_Strict):

@@ -56,12 +56,13 @@ class GateError(StageError):
         self.report = report
 
 
-def load_checkpoint_model(ckpt_dir: Path, hf_dir: Path):
+def load_checkpoint_model(ckpt_dir: Path, hf_dir: Path, *, trust_remote_code: bool = False):
     """The source architecture with the checkpoint's dequantized weights (either format), float32.
 
     The weights are written as an HF folder in a temporary directory and loaded with ``from_pretrained``, so
     the library maps the checkpoint's names (MoE experts one by one, fused Phi-3 projections) onto the model
-    exactly as it does the source's.
+    exactly as it does the source's (with ``trust_remote_code``, ``model.trust_remote_code``: the source's own
+    model class where its config.json names one).
 
     Raises:
         StageError: the checkpoint's tensors do not map onto the source architecture.
@@ -74,7 +75,8 @@ def load_checkpoint_model(ckpt_dir: Path, hf_dir: Path):
 
     with tempfile.TemporaryDirectory(prefix="trtpipe-verify-") as tmp:
         info, tied = write_dequantized(ckpt_dir, Path(hf_dir), Path(tmp), torch.float32)
-        model, loading = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, output_loading_info=True)
+        model, loading = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, output_loading_info=True,
+                                                              trust_remote_code=trust_remote_code)
     missing = [k for k in loading.get("missing_keys", ()) if not (tied and k == "lm_head.weight")]
     unexpected = list(loading.get("unexpected_keys", ()))
     if missing or unexpected or loading.get("mismatched_keys"):
@@ -136,7 +138,7 @@ def check_gates(metrics: dict, gates) -> list[dict]:
 
 
 def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "pydoc_topics",
-                      out_json: Path | None = None) -> dict:
+                      out_json: Path | None = None, trust_remote_code: bool = False) -> dict:
     """Measure the checkpoint against its source on held-out text and apply ``gates``.
 
     Args:
@@ -145,6 +147,7 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
         gates: a :class:`builders.spec.QualityGate` (thresholds, ``eval_samples``, ``eval_seq_len``).
         dataset: evaluation corpus (its held-out ``evaluation`` split is used).
         out_json: where to write the report (written before the verdict, so a failure has it too).
+        trust_remote_code: ``model.trust_remote_code``, for every load (tokenizer, source, checkpoint).
 
     Returns:
         the report: metrics, gates, evaluation settings and timings.
@@ -158,10 +161,11 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
     from builders.calibration import token_windows
 
     t0 = time.perf_counter()
-    tok = AutoTokenizer.from_pretrained(str(hf_dir))
+    tok = AutoTokenizer.from_pretrained(str(hf_dir), trust_remote_code=trust_remote_code)
     windows = token_windows(tok, "evaluation", gates.eval_samples, gates.eval_seq_len, seed=0, dataset=dataset)
-    source = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
-    candidate, info = load_checkpoint_model(Path(ckpt_dir), Path(hf_dir))
+    source = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32,
+                                                  trust_remote_code=trust_remote_code).eval()
+    candidate, info = load_checkpoint_model(Path(ckpt_dir), Path(hf_dir), trust_remote_code=trust_remote_code)
     t_load = time.perf_counter() - t0
     metrics = compare_models(source, candidate, windows)
     checks = check_gates(metrics, gates)

@@ -195,7 +195,7 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
                            tokenizer=f"{mount}/{'bundle/tokenizer' if served_from == 'bundle' else 'engine'}",
                            max_input_len=s.limits.max_input_len, max_seq_len=s.limits.max_seq_len,
                            add_special_tokens=preprocessing_adds_special_tokens(repo), host="0.0.0.0",
-                           port=sv.openai_port)
+                           port=sv.openai_port, trust_remote_code=preprocessing_trusts_remote_code(repo))
     reasons["openai"] = ("the OpenAI-compatible frontend beside tritonserver (the project's image): /v1 on "
                          f"serving.openai_port {sv.openai_port}, sending to the BLS model over 127.0.0.1 gRPC")
     return DeploymentPlan(build.name, s.runtime, runtime_image(rt), world, per_node, nodes, gpu,
@@ -211,25 +211,39 @@ OPENAI_PROFILE = "openai"
 
 
 def frontend_argv(python: str, *, grpc_url: str, model: str, tokenizer: str, max_input_len: int, max_seq_len: int,
-                  add_special_tokens: bool, host: str, port: int, triton_model: str = "tensorrt_llm_bls") -> list[str]:
+                  add_special_tokens: bool, host: str, port: int, triton_model: str = "tensorrt_llm_bls",
+                  trust_remote_code: bool = False) -> list[str]:
     """The OpenAI-compatible frontend's command line (``pipeline.openai_frontend``): ``trtpipe serve`` runs it
     beside tritonserver, the deployment files in a container of the project's image beside Triton's."""
     return [python, "-m", "pipeline.openai_frontend", "--grpc-url", grpc_url, "--model", model, "--tokenizer",
             tokenizer, "--max-input-len", str(max_input_len), "--max-seq-len", str(max_seq_len), "--host", host,
             "--port", str(port), "--triton-model", triton_model, *(["--add-special-tokens"] if add_special_tokens
-                                                                    else [])]
+                                                                    else []),
+            *(["--trust-remote-code"] if trust_remote_code else [])]
 
 
-def preprocessing_adds_special_tokens(model_repository: Path) -> bool:
-    """The repository's preprocessing ``add_special_tokens`` parameter (how it counts prompt tokens); False when
-    the repository or the parameter is absent."""
+def _preprocessing_flag(model_repository: Path, key: str) -> bool:
+    """Whether the repository's preprocessing model has the string parameter ``key`` = "true"; False when the
+    repository or the parameter is absent."""
     from model_repo.generate import parse_config
 
     path = Path(model_repository) / "preprocessing" / "config.pbtxt"
     if not path.is_file():
         return False
     pre = parse_config(path.read_text(), str(path))
-    return "add_special_tokens" in pre.parameters and pre.parameters["add_special_tokens"].string_value == "true"
+    return key in pre.parameters and pre.parameters[key].string_value == "true"
+
+
+def preprocessing_adds_special_tokens(model_repository: Path) -> bool:
+    """The repository's preprocessing ``add_special_tokens`` parameter (how it counts prompt tokens); False when
+    the repository or the parameter is absent."""
+    return _preprocessing_flag(model_repository, "add_special_tokens")
+
+
+def preprocessing_trusts_remote_code(model_repository: Path) -> bool:
+    """The repository's preprocessing ``trust_remote_code`` parameter (the build file's model.trust_remote_code:
+    the OpenAI frontend loads the tokenizer as preprocessing does); False when absent."""
+    return _preprocessing_flag(model_repository, "trust_remote_code")
 
 
 TRTLLM_SERVE_OPTIONS_FILE = "model_repo/tensorrt_llm/1/llm_api_options.yaml"

@@ -188,12 +188,14 @@ def default_sys_path() -> list[str]:
     return [sysconfig.get_paths()["purelib"]]
 
 
-def _tokenizer_vocab(tokenizer_dir: Path) -> int | None:
-    """Number of token ids the tokenizer can produce (added tokens included), offline; None if unreadable."""
+def _tokenizer_vocab(tokenizer_dir: Path, trust_remote_code: bool) -> int | None:
+    """Number of token ids the tokenizer can produce (added tokens included), offline, loaded as the preprocessing
+    model loads it (``trust_remote_code``: the spec's model.trust_remote_code); None if unreadable."""
     try:
         from transformers import AutoTokenizer
 
-        return len(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True))
+        return len(AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True,
+                                                 trust_remote_code=trust_remote_code))
     except Exception:  # reported by the caller as "not offline-loadable"
         return None
 
@@ -252,7 +254,7 @@ def check_against_engine(build, engine: dict | None, tokenizer_dir: Path) -> lis
         bad("model.source", str(tokenizer_dir), "no tokenizer files (tokenizer.json / tokenizer_config.json) in "
             "the tokenizer folder", "rebuild so the engine stage copies the tokenizer", "tokenizer_missing")
     else:
-        vocab = _tokenizer_vocab(tokenizer_dir)
+        vocab = _tokenizer_vocab(tokenizer_dir, build.model.trust_remote_code)
         eng_vocab = ((engine or {}).get("pretrained_config") or {}).get("vocab_size")
         if vocab is None:
             bad("model.source", str(tokenizer_dir), "the tokenizer does not load offline (local_files_only)",
@@ -311,6 +313,9 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
 
     pre = common(ModelPlan("preprocessing", "preprocessing"))
     pre.set("tokenizer_dir", tokenizer_dir.resolve(), "engine folder: tokenizer copied from the source model")
+    remote = ("trust_remote_code", build.model.trust_remote_code, "spec: model.trust_remote_code (whether "
+              "transformers may run the checkpoint's own code when it loads the tokenizer or the model)")
+    pre.set(*remote)
     pre.set("add_special_tokens", True, "default: the tokenizer adds what its config asks for (BOS for Llama-3)")
     pre.set("max_input_len", lim.max_input_len, limit_src["max_input_len"])
     pre.set("max_seq_len", lim.max_seq_len, limit_src["max_seq_len"])
@@ -324,6 +329,7 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
 
     post = common(ModelPlan("postprocessing", "postprocessing"))
     post.set("tokenizer_dir", tokenizer_dir.resolve(), "engine folder: tokenizer copied from the source model")
+    post.set(*remote)
     post.set("skip_special_tokens", True, "default: chat markers such as <|im_end|> are not part of the answer")
     post.set("postprocessing_instance_count", s.serving.instance_counts.postprocessing,
              "spec: serving.instance_counts.postprocessing")
@@ -332,6 +338,8 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
         llm = _plan_trtllm_model(build, target, engine_dir, limit_src, dec_src)
     else:
         llm = _plan_python_llm_model(build, target, engine_dir, limit_src, dec_src, kv_pool_tokens)
+        if build.runtime.engine != "llmapi":  # the LLM API takes it from llm_api_options.yaml (builders.llmapi_options)
+            llm.set(*remote)
     common(llm)
 
     ens = common(ModelPlan("ensemble", "ensemble"))

@@ -21,7 +21,8 @@ def runtime_settings(params, build_config):
     library default); ``build_config`` is engine.json's build_config. Returns plain values:
     max_batch_size, max_input_len, max_seq_len, max_num_tokens, tokens_per_block, num_blocks,
     max_queue_size, allow_block_sharing, use_cuda_graph, use_async_batching, library_defaults,
-    sdpa_backends (a list of SDPA_BACKENDS names, or None for torch's own choice).
+    sdpa_backends (a list of SDPA_BACKENDS names, or None for torch's own choice), trust_remote_code (the build
+    file's model.trust_remote_code: whether the model load may run the checkpoint's own code; missing: false).
 
     Raises ValueError for async_batching true, an unknown sdpa_backends name, or no
     max_tokens_in_paged_kv_cache.
@@ -41,6 +42,7 @@ def runtime_settings(params, build_config):
     s["num_blocks"] = max(1, -(-kv_tokens // s["tokens_per_block"]))
     s["max_queue_size"] = int(get("max_queue_size", "0"))
     s["allow_block_sharing"] = _flag(get("enable_kv_cache_reuse"), False)
+    s["trust_remote_code"] = _flag(get("trust_remote_code"), False)
     s["use_cuda_graph"] = _flag(get("cuda_graph_mode"), None)
     # Synchronous batching always: the per-request sampling processors (tensorrt_llm_pytorch/1/sampling.py)
     # prepare and consume one batch's arguments before the next batch is prepared.

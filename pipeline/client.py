@@ -44,11 +44,12 @@ class Chunk:
     outputs: dict | None = None
 
 
-def format_chat(tokenizer_dir: Path, prompt: str, system: str | None = None) -> str:
-    """Render one user turn with the model's chat template (generation prompt appended)."""
+def format_chat(tokenizer_dir: Path, prompt: str, system: str | None = None, *, trust_remote_code: bool = False) -> str:
+    """Render one user turn with the model's chat template (generation prompt appended); ``trust_remote_code`` is
+    the build file's model.trust_remote_code (whether the tokenizer's own code may run)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True, trust_remote_code=trust_remote_code)
     if not tok.chat_template:
         return prompt
     msgs = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]

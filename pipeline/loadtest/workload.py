@@ -96,7 +96,8 @@ class HFTokenizer:
     def __init__(self, folder: Path):
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        # A load test counts tokens and never runs a tokenizer's own code (transformers refuses one that needs it).
+        self.tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, trust_remote_code=False)
         self.name = str(folder)
         cfg = folder / "config.json"
         vs = json.loads(cfg.read_text()).get("vocab_size") if cfg.is_file() else None

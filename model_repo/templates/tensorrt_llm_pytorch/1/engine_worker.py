@@ -57,7 +57,8 @@ def build_manager(engine_dir, settings, device, dtype_name):
     sdpa = apply_sdpa_backends(settings)
     with open(_os.path.join(engine_dir, "engine.json")) as fh:  # the family's attention (sdpa unless it has none)
         attn = _json.load(fh).get("attn_implementation", "sdpa")
-    model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=dtype, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_pretrained(engine_dir, dtype=dtype, attn_implementation=attn,
+                                                 trust_remote_code=settings.get("trust_remote_code", False))
     model.to(device).eval()
     with open(_os.path.join(engine_dir, "generation_config.json")) as fh:
         gen = _json.load(fh)
