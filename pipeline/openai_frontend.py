@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator, Literal, Optional, Union
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 log = logging.getLogger("trtpipe.openai")
 
@@ -63,6 +63,9 @@ class FrontendConfig:
     max_n: int = 8
     """Most choices per request (``n``; the runtime's num_return_sequences)."""
     request_timeout_s: float = 600.0
+    trust_remote_code: bool = False
+    """Whether the tokenizer's own code may run (the repository's preprocessing ``trust_remote_code`` parameter:
+    the build file's model.trust_remote_code)."""
 
 
 # ---- request bodies (the OpenAI fields this frontend reads; unknown fields are ignored, as OpenAI's are) ----
@@ -73,12 +76,12 @@ class _Body(BaseModel):
 
     model: str
     max_tokens: Optional[int] = Field(None, ge=1)
-    stream: bool = False
+    stream: StrictBool = False  # true or false: "no" or 0 would otherwise read as a boolean
     stream_options: Optional[dict] = None
     stop: Optional[Union[str, list[str]]] = None
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    seed: Optional[int] = Field(None, ge=0)
+    seed: Optional[int] = Field(None, ge=0, le=2**64 - 1)  # the ensemble's seed is UINT64
     n: int = Field(1, ge=1)
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
@@ -288,15 +291,28 @@ def _content_text(content) -> str:
         if part.get("type") != "text":
             raise APIError(400, f"content part of type {part.get('type')!r}: this model takes text only",
                            param="messages")
+        if not isinstance(part.get("text", ""), str):
+            raise APIError(400, f"messages: the text of a content part is {type(part['text']).__name__}, not a "
+                                "string: send the text as a string", param="messages")
         parts.append(part.get("text", ""))
     return "".join(parts)
+
+
+def _check_text(text: str, field: str) -> None:
+    """APIError 400 naming ``field`` when ``text`` holds a lone surrogate (a JSON "\\ud800" escape): not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"{field}: {text[exc.start]!r} at offset {exc.start} is not a Unicode character (a lone "
+                            "surrogate escape): send valid text", param=field) from None
 
 
 def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
     """The FastAPI application for ``cfg`` (``triton``: the client to use; default one on ``cfg.grpc_url``)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(cfg.tokenizer_dir), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(str(cfg.tokenizer_dir), local_files_only=True,
+                                        trust_remote_code=cfg.trust_remote_code)
     metrics = Metrics()
     app = FastAPI(title="trtpipe OpenAI-compatible frontend", docs_url=None, redoc_url=None)
     created = int(time.time())
@@ -350,15 +366,25 @@ def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
             if (body.model_extra or {}).get(key):
                 raise APIError(400, f"{key}: tool and function calling is not supported by this server", param=key)
         fmt = (body.model_extra or {}).get("response_format")
+        if fmt is not None and not isinstance(fmt, dict):
+            raise APIError(400, f"response_format: {fmt!r} is not an object: send {{\"type\": \"text\"}} or leave it "
+                                "out", param="response_format")
         if fmt and fmt.get("type", "text") != "text":
             raise APIError(400, f"response_format {fmt.get('type')!r}: only text is supported by this server",
                            param="response_format")
         if body.n > cfg.max_n:
             raise APIError(400, f"n = {body.n}: at most {cfg.max_n}", param="n")
+        if body.n > 1 and body.temperature == 0:
+            raise APIError(400, f"n = {body.n} with temperature 0 (greedy) gives {body.n} identical choices: send a "
+                                "temperature above 0 for several", param="n")
+        field = "messages" if chat else "prompt"
+        _check_text(prompt, field)
+        if not prompt.strip():
+            raise APIError(400, f"{field}: the prompt is empty: send some text", param=field)
         n_prompt = len(tok.encode(prompt, add_special_tokens=cfg.add_special_tokens))
         if n_prompt > cfg.max_input_len:
-            raise APIError(400, f"the prompt is {n_prompt} tokens; this model takes at most {cfg.max_input_len} "
-                                f"(max_input_len)", param="messages" if chat else "prompt",
+            raise APIError(400, f"{field}: the prompt is {n_prompt} tokens; this model takes at most "
+                                f"{cfg.max_input_len} (max_input_len)", param=field,
                            code="context_length_exceeded")
         room = cfg.max_seq_len - n_prompt
         asked = (getattr(body, "max_completion_tokens", None) or body.max_tokens) if chat else body.max_tokens
@@ -367,7 +393,12 @@ def create_app(cfg: FrontendConfig, triton: Optional[Triton] = None):
                                 f"{cfg.max_seq_len} (max_seq_len)", param="max_tokens",
                            code="context_length_exceeded")
         max_tokens = asked or (room if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room))
+        if body.min_tokens and body.min_tokens > max_tokens:
+            raise APIError(400, f"min_tokens = {body.min_tokens} exceeds max_tokens = {max_tokens}: lower min_tokens "
+                                "or raise max_tokens", param="min_tokens")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+        for word in stop:
+            _check_text(word, "stop")
         extra: dict = {}
         temperature = 1.0 if body.temperature is None else body.temperature
         if temperature > 0.0:  # 0: nothing sent, the runtimes' default is greedy (top_k and top_p unset)
@@ -604,6 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-input-len", type=int, required=True)
     p.add_argument("--max-seq-len", type=int, required=True)
     p.add_argument("--add-special-tokens", action="store_true", help="count prompt tokens with special tokens")
+    p.add_argument("--trust-remote-code", action="store_true", help="let the tokenizer's own code run (the build "
+                   "file's model.trust_remote_code; default off)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=9000)
     p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
@@ -618,7 +651,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = FrontendConfig(args.grpc_url, args.model, args.tokenizer, args.max_input_len, args.max_seq_len,
-                         args.add_special_tokens, triton_model=args.triton_model, max_n=args.max_n)
+                         args.add_special_tokens, triton_model=args.triton_model, max_n=args.max_n,
+                         trust_remote_code=args.trust_remote_code)
     uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
 

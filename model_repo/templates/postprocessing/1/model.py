@@ -9,34 +9,59 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+def _check(tokens, lengths):
+    """ValueError naming the input when SEQUENCE_LENGTH does not give one length per sequence of TOKENS_BATCH
+    ([batch, beams, len]) within its length, or a token id is negative (the tokenizer cannot decode it)."""
+    batch, beams, width = tokens.shape
+    if lengths.size != batch * beams:
+        raise ValueError(f"SEQUENCE_LENGTH holds {lengths.size} lengths for the {batch} x {beams} sequences of "
+                         f"TOKENS_BATCH {list(tokens.shape)}: send one length per sequence")
+    if lengths.size and (lengths.min() < 0 or lengths.max() > width):
+        bad = int(lengths.min() if lengths.min() < 0 else lengths.max())
+        raise ValueError(f"SEQUENCE_LENGTH = {bad}: must be between 0 and the {width} tokens of each TOKENS_BATCH "
+                         "sequence")
+    if tokens.size and tokens.min() < 0:
+        raise ValueError(f"TOKENS_BATCH holds token id {int(tokens.min())}: token ids are >= 0")
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from transformers import AutoTokenizer
 
         cfg = _json.loads(args["model_config"])
         params = cfg.get("parameters", {})
-        self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"]["string_value"], local_files_only=True)
+        # model.trust_remote_code of the build file: whether the checkpoint's own tokenizer code may run
+        trust = params.get("trust_remote_code", {}).get("string_value", "false").lower() == "true"
+        self.tokenizer = AutoTokenizer.from_pretrained(params["tokenizer_dir"]["string_value"], local_files_only=True,
+                                                       trust_remote_code=trust)
         self.skip_special = params.get("skip_special_tokens", {}).get("string_value", "true").lower() == "true"
 
     def execute(self, requests):
         responses = []
         for request in requests:
-            tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
-            lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
-            if tokens.ndim == 2:  # [beams, len] without the batch dim
-                tokens = tokens[None]
-            lengths = lengths.reshape(tokens.shape[0], -1)
-            texts, counts = [], []
-            for b in range(tokens.shape[0]):
-                for beam in range(tokens.shape[1]):
-                    n = int(lengths[b, beam])
-                    ids = tokens[b, beam, :n].tolist()
-                    texts.append(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special).encode("utf-8"))
-                    counts.append(n)
-            # flat, batch x beam strings in order, as upstream's postprocessing returns them (its clients
-            # read text_output[0].decode()); NUM_OUTPUT_TOKENS alike
-            out = np.array(texts, dtype=object)
-            cnt = np.asarray(counts, dtype=np.int32)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("OUTPUT", out), pb_utils.Tensor("NUM_OUTPUT_TOKENS", cnt)]))
+            try:
+                responses.append(self._one(request))
+            except ValueError as exc:  # this request's error; the others of the batch are answered
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
         return responses
+
+    def _one(self, request):
+        tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+        lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+        if tokens.ndim == 2:  # [beams, len] without the batch dim
+            tokens = tokens[None]
+        _check(tokens, lengths)
+        lengths = lengths.reshape(tokens.shape[0], -1)
+        texts, counts = [], []
+        for b in range(tokens.shape[0]):
+            for beam in range(tokens.shape[1]):
+                n = int(lengths[b, beam])
+                ids = tokens[b, beam, :n].tolist()
+                texts.append(self.tokenizer.decode(ids, skip_special_tokens=self.skip_special).encode("utf-8"))
+                counts.append(n)
+        # flat, batch x beam strings in order, as upstream's postprocessing returns them (its clients
+        # read text_output[0].decode()); NUM_OUTPUT_TOKENS alike
+        out = np.array(texts, dtype=object)
+        cnt = np.asarray(counts, dtype=np.int32)
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("OUTPUT", out), pb_utils.Tensor("NUM_OUTPUT_TOKENS", cnt)])

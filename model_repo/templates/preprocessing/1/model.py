@@ -12,9 +12,36 @@ def _param(cfg, key, default=None):
     return default if value in (None, "") else value
 
 
-def _pack_words(tokenizer, rows, extra_ids=()):
+# each input as its error messages name it: the client tensor of the ensemble / BLS it carries, then its own name
+FIELDS = {"QUERY": "text_input (QUERY)", "REQUEST_OUTPUT_LEN": "max_tokens (REQUEST_OUTPUT_LEN)",
+          "BAD_WORDS_DICT": "bad_words (BAD_WORDS_DICT)", "STOP_WORDS_DICT": "stop_words (STOP_WORDS_DICT)",
+          "EMBEDDING_BIAS_WORDS": "embedding_bias_words (EMBEDDING_BIAS_WORDS)"}
+
+
+def _text(value, field):
+    """One BYTES element as text; ValueError naming ``field`` when it is not UTF-8."""
+    if not isinstance(value, bytes):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{field} is not UTF-8 (byte {value[exc.start:exc.start + 1]!r} at offset {exc.start}): "
+                         "send the text UTF-8 encoded") from None
+
+
+def _required(request, name):
+    """A required input; ValueError naming it when absent (Triton checks required inputs only when the number of
+    inputs is out of range: an optional input sent instead of a required one reaches the model)."""
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    if t is None:
+        raise ValueError(f"{FIELDS[name]} is missing: send text_input (QUERY) and max_tokens (REQUEST_OUTPUT_LEN)")
+    return t
+
+
+def _pack_words(tokenizer, rows, extra_ids=(), field="words"):
     """Words per batch row -> TensorRT-LLM's [B, 2, L] list: flat ids, then end offsets (-1 padded).
-    ``extra_ids`` are token ids added to every row as one-token words (the tokenizer's other stop ids)."""
+    ``extra_ids`` are token ids added to every row as one-token words (the tokenizer's other stop ids);
+    ``field`` names the input in errors."""
     flats, offsets = [], []
     for words in rows:
         ids, offs = [], []
@@ -22,7 +49,7 @@ def _pack_words(tokenizer, rows, extra_ids=()):
             ids.append(int(tok))
             offs.append(len(ids))
         for w in words:
-            w = w.decode() if isinstance(w, bytes) else str(w)
+            w = _text(w, field)
             if not w:
                 continue
             toks = tokenizer.encode(w, add_special_tokens=False)
@@ -49,7 +76,7 @@ def _embedding_bias(tokenizer, words_rows, weights_rows, vocab):
         raise ValueError("embedding_bias_words and embedding_bias_weights must be sent together")
     out = np.zeros((len(words_rows), vocab), dtype=np.float32)
     for b, (words, weights) in enumerate(zip(words_rows, weights_rows)):
-        words = [w.decode() if isinstance(w, bytes) else str(w) for w in words]
+        words = [_text(w, FIELDS["EMBEDDING_BIAS_WORDS"]) for w in words]
         if len(words) != len(weights):
             raise ValueError(f"embedding_bias_words has {len(words)} words but embedding_bias_weights "
                              f"{len(weights)} weights: send one weight per word")
@@ -67,7 +94,10 @@ class TritonPythonModel:
 
         cfg = _json.loads(args["model_config"])
         self.tokenizer_dir = _param(cfg, "tokenizer_dir")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir, local_files_only=True)
+        # model.trust_remote_code of the build file: whether the checkpoint's own tokenizer code may run
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            self.tokenizer_dir, local_files_only=True,
+            trust_remote_code=_param(cfg, "trust_remote_code", "false").lower() == "true")
         self.add_special_tokens = _param(cfg, "add_special_tokens", "false").lower() == "true"
         self.max_input_len = int(_param(cfg, "max_input_len"))
         self.max_seq_len = int(_param(cfg, "max_seq_len"))
@@ -89,23 +119,22 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc)))
 
     def _tensors(self, request):
-        query = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy().reshape(-1)
-        out_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().reshape(-1)
-        texts = [q.decode("utf-8") if isinstance(q, bytes) else str(q) for q in query]
+        query, out_len = (_required(request, name).as_numpy().reshape(-1) for name in ("QUERY", "REQUEST_OUTPUT_LEN"))
+        texts = [_text(q, FIELDS["QUERY"]) for q in query]
         ids = []
         for i, text in enumerate(texts):
             if not text.strip():
-                raise ValueError("text_input is empty: send a non-empty prompt")
+                raise ValueError(f"{FIELDS['QUERY']} is empty: send a non-empty prompt")
             toks = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
             if len(toks) > self.max_input_len:
-                raise ValueError(f"prompt is {len(toks)} tokens, above max_input_len {self.max_input_len}: "
-                                 "shorten it or rebuild with a larger limits.max_input_len")
+                raise ValueError(f"{FIELDS['QUERY']}: the prompt is {len(toks)} tokens, above max_input_len "
+                                 f"{self.max_input_len}: shorten it or rebuild with a larger limits.max_input_len")
             max_tokens = int(out_len[min(i, len(out_len) - 1)])
             if max_tokens < 1:
-                raise ValueError(f"max_tokens = {max_tokens}: must be at least 1")
+                raise ValueError(f"{FIELDS['REQUEST_OUTPUT_LEN']} = {max_tokens}: must be at least 1")
             if len(toks) + max_tokens > self.max_seq_len:
-                raise ValueError(f"prompt ({len(toks)} tokens) + max_tokens ({max_tokens}) exceeds max_seq_len "
-                                 f"{self.max_seq_len}: set max_tokens <= {self.max_seq_len - len(toks)}")
+                raise ValueError(f"prompt ({len(toks)} tokens) + {FIELDS['REQUEST_OUTPUT_LEN']} ({max_tokens}) exceeds "
+                                 f"max_seq_len {self.max_seq_len}: set max_tokens <= {self.max_seq_len - len(toks)}")
             ids.append(toks)
         width = max(len(t) for t in ids)
         input_ids = np.full((len(ids), width), self.pad_id, dtype=np.int32)
@@ -127,7 +156,7 @@ class TritonPythonModel:
         def words(name, extra_ids=()):
             t = pb_utils.get_input_tensor_by_name(request, name)
             rows = [[]] * batch if t is None else [list(r.reshape(-1)) for r in t.as_numpy().reshape(batch, -1)]
-            return _pack_words(self.tokenizer, rows, extra_ids)
+            return _pack_words(self.tokenizer, rows, extra_ids, FIELDS[name])
 
         def scalar(name, default):
             t = pb_utils.get_input_tensor_by_name(request, name)
