@@ -314,6 +314,68 @@ def _check_cancel_frees_blocks(server, engine_dir, model):
     assert "Paris" in _text(server, _chat(engine_dir, "What is the capital of France?"), 16)[0]
 
 
+def _wait_metric(server, family, state, want, timeout_s=60.0, label="state"):
+    """Poll a gauge or counter until it equals ``want`` (published every cancellation_check_period_ms)."""
+    deadline = time.monotonic() + timeout_s
+    while _metric(server, family, state, label) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _metric(server, family, state, label)
+
+
+@pytest.mark.parametrize("model", ["tensorrt_llm_bls", "tensorrt_llm"])
+def test_a_request_cancelled_while_queued_leaves_the_queue_at_once(server, engine_dir, model):
+    """max_batch_size (8) long streams generate; 4 more wait in the queue and are cancelled there: they
+    leave it within seconds (not when a slot frees) while the 8 keep generating; then the 8 are cancelled
+    too and every KV block comes back. Each request on its own gRPC stream, as separate clients are."""
+    import tritonclient.grpc as grpcclient
+
+    total = _metric(server, "trtpipe_runtime_kv_cache_blocks", "total")
+    assert _wait_metric(server, "trtpipe_runtime_requests", "inflight", 0) == 0, "earlier requests still in flight"
+    cancelled0 = _counter(server, "cancelled")
+    text = _chat(engine_dir, "Tell me a long story.")
+    clients = []
+
+    def start(n):
+        for _ in range(n):
+            client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
+            client.start_stream(callback=lambda result, error: None)
+            inputs = (build_inputs(text, 1900, end_id=UNUSED_TOKEN) if model != "tensorrt_llm"
+                      else _direct_inputs(engine_dir, text, 1900))
+            client.async_stream_infer(model, inputs, request_id=uuid.uuid4().hex)
+            clients.append(client)
+
+    try:
+        start(8)
+        assert _wait_metric(server, "trtpipe_runtime_requests", "generating", 8, timeout_s=120) == 8
+        start(4)
+        assert _wait_metric(server, "trtpipe_runtime_requests", "queued", 4, timeout_s=60) == 4
+        for client in clients[8:]:
+            client.stop_stream(cancel_requests=True)
+        assert _wait_metric(server, "trtpipe_runtime_requests", "queued", 0, timeout_s=15) == 0, \
+            "cancelled requests stayed in the queue"
+        assert _metric(server, "trtpipe_runtime_requests", "generating") == 8, "the running batch was disturbed"
+        assert _wait_published_total(server, cancelled0 + 4) == cancelled0 + 4
+        for client in clients[:8]:
+            client.stop_stream(cancel_requests=True)
+        assert _wait_metric(server, "trtpipe_runtime_requests", "inflight", 0) == 0
+        assert _wait_metric(server, "trtpipe_runtime_kv_cache_blocks", "free", total) == total, "blocks not given back"
+        assert _wait_published_total(server, cancelled0 + 12) == cancelled0 + 12
+    finally:
+        for client in clients:  # a stream closed without cancel_requests waits for its requests to end
+            client.stop_stream(cancel_requests=True)
+            client.close()
+    assert "Paris" in _text(server, _chat(engine_dir, "What is the capital of France?"), 16, model=model
+                            if model != "tensorrt_llm" else "ensemble")[0]
+
+
+def _wait_published_total(server, want, timeout_s=30.0):
+    deadline = time.monotonic() + timeout_s
+    while _counter(server, "cancelled") < want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.3)  # a late double count would show here
+    return _counter(server, "cancelled")
+
+
 def _log_probs(server, text):
     _, n, chunks = _text(server, text, 8, extra={"return_log_probs": True},
                          extra_outputs=("output_log_probs", "cum_log_probs"))

@@ -2,12 +2,14 @@
 # (TensorRT-LLM backend interface: all_models/inflight_batcher_llm/tensorrt_llm_bls).
 # Each client request runs in its own thread: the tokenizer is called once, tensorrt_llm is called
 # with exec(decoupled=True) and every one of its responses is detokenized and sent on at once.
-# A client that cancels stops the stream (and the tensorrt_llm request with it).
+# A client that cancels stops the stream (and the tensorrt_llm request with it): a housekeeping thread
+# asks every live request's sender every cancellation_check_period_ms (also while its tensorrt_llm
+# request is queued and sends nothing) and forwards a cancellation as a `stop` request.
 
 # @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
 
 import threading
-
+import time
 import uuid
 
 import numpy as np
@@ -28,14 +30,78 @@ def _param(cfg, key):
     return cfg.get("parameters", {}).get(key, {}).get("string_value", "")
 
 
+def _check_inputs(request):
+    """ValueError naming a required input the request lacks (Triton checks required inputs only when the number
+    of inputs is out of range, so an optional input sent instead of a required one reaches this model)."""
+    missing = [n for n in ("text_input", "max_tokens") if pb_utils.get_input_tensor_by_name(request, n) is None]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: send text_input "
+                         "and max_tokens (the required inputs)")
+
+
+STALL_S = 5.0
+"""Seconds without a response from tensorrt_llm after which the BLS checks that its stub still lives."""
+
+
+class _Live:
+    """One client request: its sender, the id of the tensorrt_llm request it started, and whether the
+    client cancelled. ``lock`` guards the sender: the final send and is_cancelled() never overlap, and
+    is_cancelled() is never asked after the final send (Triton 2.51's Python backend releases the
+    response factory then; asking it crashes the server: server issues #8192, #8034)."""
+
+    __slots__ = ("sender", "inner_id", "stream", "lock", "closed", "cancelled", "started", "stopped", "last")
+
+    def __init__(self, sender):
+        self.last = time.monotonic()  # the last sign of life of the tensorrt_llm request (watchdog)
+        self.sender, self.inner_id, self.stream = sender, uuid.uuid4().hex, None
+        self.lock, self.closed, self.cancelled = threading.Lock(), False, False
+        self.started = self.stopped = False  # the tensorrt_llm request was sent / a stop was sent for it
+
+    def claim_stop(self):
+        """True for the one caller that forwards the cancellation (canceller or request thread), once the
+        tensorrt_llm request was sent (exec() returns only with its first response: a queued request has
+        no stream yet, so the stop goes by request id)."""
+        with self.lock:
+            first = self.started and not self.stopped
+            self.stopped = self.stopped or first
+            return first
+
+    def send(self, response):
+        with self.lock:
+            if not self.closed:
+                self.sender.send(response)
+
+    def send_final(self, response=None):
+        """The request's last response (once); later calls do nothing."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            if response is None:
+                self.sender.send(flags=FINAL)
+            else:
+                self.sender.send(response, flags=FINAL)
+
+    def poll_cancelled(self):
+        """True once the client cancelled (asked of the server only while the request is open)."""
+        with self.lock:
+            if not self.closed and not self.cancelled and self.sender.is_cancelled():
+                self.cancelled = True
+        return self.cancelled
+
+
 class TritonPythonModel:
     def initialize(self, args):
         cfg = _json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.runtime_inputs = dict(pair.split(":") for pair in _param(cfg, "runtime_input_names").split(",") if pair)
         self.pass_outputs = [n for n in _param(cfg, "runtime_output_names").split(",") if n]
-        self.threads = set()
+        self.live = {}  # thread -> _Live
         self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self.cancel_period = int(_param(cfg, "cancellation_check_period_ms") or "100") / 1000.0
+        self.canceller = threading.Thread(target=self._cancel_loop, name="trtpipe-bls-cancel", daemon=True)
+        self.canceller.start()
 
     def execute(self, requests):
         if not self.decoupled:
@@ -43,21 +109,58 @@ class TritonPythonModel:
                 "tensorrt_llm_bls streams through decoupled responses: regenerate with serving.streaming: true"))
                 for _ in requests]
         for request in requests:
-            t = threading.Thread(target=self._run, args=(request, request.get_response_sender()), daemon=True)
+            live = _Live(request.get_response_sender())
+            t = threading.Thread(target=self._run, args=(request, live), daemon=True)
             with self.lock:
-                self.threads.add(t)
+                self.live[t] = live
             t.start()
         return None
 
-    def _run(self, request, sender):
+    def _run(self, request, live):
         try:
-            self._generate(request, sender)
+            self._generate(request, live)
         except Exception as exc:  # every failure goes back to the client that caused it
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))),
-                        flags=FINAL)
+            live.send_final(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
         finally:
             with self.lock:
-                self.threads.discard(threading.current_thread())
+                self.live.pop(threading.current_thread(), None)
+
+    def _cancel_loop(self):
+        """Every cancellation_check_period_ms: a request whose client cancelled gets its tensorrt_llm
+        request stopped (its KV blocks freed), whether that request generates or still waits. And a
+        watchdog: when a started request has shown no sign of life for STALL_S, tensorrt_llm is probed;
+        if its stub died (Triton then never ends its in-flight requests) the client gets that error."""
+        probed = 0.0
+        while not self.stop_event.wait(self.cancel_period):
+            with self.lock:
+                live = list(self.live.values())
+            for entry in live:
+                try:
+                    if entry.poll_cancelled() and entry.claim_stop():
+                        self._stop(entry.inner_id, entry.stream)
+                except Exception as exc:  # the request ended meanwhile
+                    pb_utils.Logger.log_verbose(f"tensorrt_llm_bls: cancellation check: {exc}")
+            now = time.monotonic()
+            stalled = [e for e in live if e.started and not e.closed and now - e.last > STALL_S]
+            if stalled and now - probed > STALL_S:
+                probed = now
+                dead = self._probe_dead()
+                for entry in stalled if dead else ():
+                    entry.send_final(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                        f"tensorrt_llm failed while this request was in flight: {dead}")))
+
+    @staticmethod
+    def _probe_dead():
+        """tensorrt_llm's own words when it cannot serve (its stub died: Triton says "not healthy"), else None.
+        The probe is a `stop` without a request id, which a live model refuses at once."""
+        try:
+            for resp in TritonPythonModel._stop_request(""):
+                if resp.has_error() and "not healthy" in resp.error().message():
+                    return resp.error().message()
+        except Exception as exc:
+            if "not healthy" in str(exc):
+                return str(exc)
+        return None
 
     @staticmethod
     def _call(model, inputs, outputs):
@@ -69,22 +172,33 @@ class TritonPythonModel:
     @staticmethod
     def _stop(inner_id, stream):
         """Stop the tensorrt_llm request this BLS request started: the response iterator's cancel() where
-        the Python backend has it (not in Triton 2.51), else a `stop` request with the same request id
-        (the TensorRT-LLM backend's way, which the pytorch runtime implements too)."""
-        if hasattr(stream, "cancel"):
+        the Python backend has it (not in Triton 2.51) and the iterator exists, else a `stop` request with
+        the same request id (the TensorRT-LLM backend's way, which the pytorch runtime implements too, also
+        for a request that has not reached it yet)."""
+        if stream is not None and hasattr(stream, "cancel"):
             stream.cancel()
             return
-        one = np.zeros((1, 1), dtype=np.int32)
-        stop = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one + 1),
-                pb_utils.Tensor("request_output_len", one + 1), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool))]
         try:
-            for _ in pb_utils.InferenceRequest(model_name="tensorrt_llm", inputs=stop, request_id=inner_id,
-                                               requested_output_names=["output_ids"]).exec(decoupled=True):
+            for _ in TritonPythonModel._stop_request(inner_id):
                 pass
         except Exception as exc:  # a runtime without `stop`: the request runs to its end
             pb_utils.Logger.log_warn(f"tensorrt_llm_bls: could not stop {inner_id}: {exc}")
 
-    def _generate(self, request, sender):
+    @staticmethod
+    def _stop_request(request_id):
+        """The responses of a `stop` request for ``request_id`` to tensorrt_llm (an iterator)."""
+        one = np.zeros((1, 1), dtype=np.int32)
+        stop = [pb_utils.Tensor("input_ids", one), pb_utils.Tensor("input_lengths", one + 1),
+                pb_utils.Tensor("request_output_len", one + 1), pb_utils.Tensor("stop", np.ones((1, 1), dtype=bool))]
+        return pb_utils.InferenceRequest(model_name="tensorrt_llm", inputs=stop, request_id=request_id,
+                                         requested_output_names=["output_ids"]).exec(decoupled=True)
+
+    @staticmethod
+    def _cancelled_response():
+        return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError("request cancelled"))
+
+    def _generate(self, request, live):
+        _check_inputs(request)
         pre_in = [pb_utils.Tensor(dst, t.as_numpy()) for src, dst in PRE_INPUTS.items()
                   if (t := pb_utils.get_input_tensor_by_name(request, src)) is not None]
         pre = self._call("preprocessing", pre_in, list(PRE_TO_LLM))
@@ -94,22 +208,29 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, src)
             if t is not None:
                 llm_in.append(pb_utils.Tensor(dst, t.as_numpy()))
-        inner_id = uuid.uuid4().hex
+        if live.poll_cancelled():  # cancelled while being tokenized: nothing was started
+            live.send_final(self._cancelled_response())
+            return
+        with live.lock:
+            live.started = True
         stream = pb_utils.InferenceRequest(
-            model_name="tensorrt_llm", inputs=llm_in, request_id=inner_id,
+            model_name="tensorrt_llm", inputs=llm_in, request_id=live.inner_id,
             requested_output_names=["output_ids", "sequence_length"] + self.pass_outputs).exec(decoupled=True)
-        sent_final = False
+        live.stream = stream
+        if live.cancelled and live.claim_stop():  # cancelled between the check above and the send
+            self._stop(live.inner_id, stream)
+        last_had_tokens = False
         for resp in stream:
-            if sender.is_cancelled():
-                self._stop(inner_id, stream)
-                sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
-                    "request cancelled")), flags=FINAL)
-                for _ in stream:  # read the inner stream to its final response (the stopped request's error):
+            if live.cancelled:
+                live.send_final(self._cancelled_response())
+                for _ in stream:  # read the inner stream to its final response (the stopped request's end):
                     pass          # a BLS model with an unread stream never unloads, so the server cannot stop
                 return
             if resp.has_error():
                 raise RuntimeError(resp.error().message())
+            live.last = time.monotonic()
             ids = pb_utils.get_output_tensor_by_name(resp, "output_ids")
+            last_had_tokens = ids is not None
             if ids is None:  # the empty final response of a decoupled stream
                 continue
             lengths = pb_utils.get_output_tensor_by_name(resp, "sequence_length")
@@ -123,12 +244,28 @@ class TritonPythonModel:
                 t = pb_utils.get_output_tensor_by_name(resp, name)
                 if t is not None:
                     out.append(pb_utils.Tensor(name, t.as_numpy()))
-            sender.send(pb_utils.InferenceResponse(output_tensors=out))
-        if not sent_final:
-            sender.send(flags=FINAL)
+            live.send(pb_utils.InferenceResponse(output_tensors=out))
+        if not last_had_tokens and not live.cancelled:  # the stream ended on an empty response: it failed
+            raise RuntimeError(self._why_ended())
+        live.send_final(self._cancelled_response() if live.cancelled else None)
+
+    def _why_ended(self):
+        """The reason a tensorrt_llm stream ended without its final tokens. Triton 2.51's Python backend does
+        not hand a BLS caller an error sent mid-stream (only the end of the stream): ask tensorrt_llm with a
+        `stop` request without an id, which a model that cannot generate answers with its reason (a live
+        one with the missing id)."""
+        msg = "the tensorrt_llm request ended without its final tokens (a failure; the server log says why)"
+        try:
+            for resp in self._stop_request(""):
+                if resp.has_error() and "needs the request_id" not in resp.error().message():
+                    return f"{resp.error().message()} ({msg})"
+        except Exception as exc:
+            return f"{exc} ({msg})"
+        return msg
 
     def finalize(self):
+        self.stop_event.set()
         with self.lock:
-            threads = list(self.threads)
+            threads = list(self.live)
         for t in threads:
             t.join(timeout=5)

@@ -52,18 +52,47 @@ def _row_scalar(request, name, b, batch, default=None):
     return _row(t.as_numpy(), b, batch)[0].item()
 
 
+EARLY_STOP_S = 60.0
+"""How long a `stop` that matched no request is kept for a request with its id that arrives later."""
+
+
 class RequestError(ValueError):
     """A per-request validation error: sent to that request only; the server keeps serving."""
 
 
 class _Group:
-    """The sequences of one Triton request (num_return_sequences): the last one to finish sends FINAL."""
+    """The sequences of one Triton request (num_return_sequences): the last one to finish sends FINAL.
 
-    __slots__ = ("remaining", "closed")
+    The final send and the canceller's is_cancelled() take this group's lock: Triton's Python backend
+    (2.51) releases a response factory after its final response, and an is_cancelled() that reaches a
+    released one crashes the server (TRITONBACKEND_ResponseFactoryIsCancelled; server issues #8192, #8034)."""
+
+    __slots__ = ("remaining", "closed", "lock")
 
     def __init__(self, n):
         self.remaining = n
         self.closed = False
+        self.lock = threading.Lock()
+
+    def send_final(self, sender, response=None):
+        """Send the request's FINAL response unless one was sent; True when this call sent it."""
+        with self.lock:
+            if self.closed:
+                return False
+            self.closed = True
+            if response is None:
+                sender.send(flags=FINAL)
+            elif response.has_error():  # apart: Triton 2.51's BLS iterator loses an error sent with FINAL mid-stream
+                sender.send(response)    # and then waits forever; this way its caller at least sees the end
+                sender.send(flags=FINAL)
+            else:
+                sender.send(response, flags=FINAL)
+            return True
+
+    def is_cancelled(self, sender):
+        """The client cancelled and no final response was sent yet (never asks a released factory)."""
+        with self.lock:
+            return not self.closed and sender.is_cancelled()
 
 
 class _Request:
@@ -150,6 +179,7 @@ class _EngineProcess:
         from multiprocessing.connection import Connection
 
         self.owner, self.tokens, self.kv_blocks, self._kv_free, self.stopping = owner, {}, {}, None, False
+        self.dead = None  # why the worker is gone, once it died
         self.send_lock = threading.Lock()
         python = python or _worker_python()
         if not python:
@@ -241,10 +271,16 @@ class _EngineProcess:
             for rid in done:
                 self.tokens.pop(rid, None)
                 self.kv_blocks.pop(rid, None)
-        if not self.stopping:  # the worker died: every live request ends with an error
-            pb_utils.Logger.log_error(f"tensorrt_llm: the engine worker exited ({self.proc.poll()})")
-            self.owner._route_batch([_Output(rid, [], True, "the engine worker process exited")
-                                     for rid in list(self.owner.requests)])
+        if not self.stopping:  # the worker died: every live request, and every later one, ends with the reason
+            try:
+                code = self.proc.wait(timeout=5)
+            except Exception:
+                code = self.proc.poll()
+            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+            self.dead = (f"the engine worker process (pid {self.proc.pid}) died ({how}): this model cannot generate "
+                         "until the server restarts (`trtpipe stop`, then `trtpipe serve`)")
+            pb_utils.Logger.log_error(f"tensorrt_llm: {self.dead}")
+            self.owner._route_batch([_Output(rid, [], True, self.dead) for rid in list(self.owner.requests)])
 
     def stop(self, block=True, timeout=10):
         self.stopping = True
@@ -283,6 +319,7 @@ class TritonPythonModel:
         self.engine_process = _param(cfg, "engine_process", "true") == "true"
         self.vocab_size = int(self.engine["pretrained_config"]["vocab_size"])
         self.requests = {}
+        self.early_stops = {}  # request id -> when a stop for it matched nothing (the request may still come)
         if self.engine_process:  # the generation loop in its own process (engine_worker.py)
             self.table = sampling.RequestTable()  # here: each request's options, seed and log probs
             self.manager = _EngineProcess(self, engine_dir, self.settings, device, dtype,
@@ -437,9 +474,21 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(message)
 
     def _enqueue(self, request, sender):
+        if getattr(self.manager, "dead", None):  # also for `stop`: tensorrt_llm_bls asks why a stream ended
+            raise RequestError(self.manager.dead)
         if bool(_opt_scalar(request, "stop", False)):
             self._stop(request, sender)
             return
+        if self.early_stops and self.early_stops.pop(request.request_id(), None) is not None:
+            with self.lock:
+                self.stats["requests_cancelled"] += 1
+            sender.send(flags=FINAL)  # stopped before it arrived: ends normally, with nothing generated
+            return
+        missing = [n for n in ("input_ids", "input_lengths", "request_output_len")
+                   if pb_utils.get_input_tensor_by_name(request, n) is None]
+        if missing:  # Triton checks required inputs only when the number of inputs is out of range
+            raise RequestError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: send "
+                               "input_ids, input_lengths and request_output_len (the required inputs)")
         if not self.decoupled:
             raise RequestError("this runtime serves decoupled (streaming) transactions only; "
                                "regenerate the repository with serving.streaming: true")
@@ -457,6 +506,12 @@ class TritonPythonModel:
         if n_total > self.max_batch_size:
             raise RequestError(f"{batch} prompt(s) x num_return_sequences = {n_total} sequences, above max_batch_size "
                                f"{self.max_batch_size}: send fewer in one request")
+        limit = self.settings["max_queue_size"]
+        with self.lock:
+            waiting = self.stats["inflight"] - self.stats["generating"]
+        if limit and waiting + n_total > limit:  # TensorRT-LLM's max_queue_size: reject, never wait unbounded
+            raise RequestError(f"overloaded: {waiting} requests wait for a batch slot and serving.max_queue_size is "
+                               f"{limit}: retry later")
         group = _Group(n_total)
         perf = bool(_opt_scalar(request, "return_perf_metrics", False))
         streaming = bool(_opt_scalar(request, "streaming", False))
@@ -508,18 +563,24 @@ class TritonPythonModel:
         ids = ids_t[b, :input_len].astype(np.int64).tolist()
         max_new = int(get("request_output_len", 0))
         if input_len <= 0 or not ids:
-            raise RequestError(f"input_ids is empty{where}: the prompt must hold at least one token")
+            raise RequestError(f"input_ids is empty{where} (input_lengths = {input_len}): the prompt must hold at "
+                               "least one token")
+        if input_len > ids_t.shape[-1]:
+            raise RequestError(f"input_lengths = {input_len}{where} but input_ids holds {ids_t.shape[-1]} ids: send "
+                               "the number of prompt tokens in input_ids")
         if input_len > self.max_input_len:
-            raise RequestError(f"prompt has {input_len} tokens{where}, above the engine's max_input_len "
-                               f"{self.max_input_len}: shorten the prompt")
+            raise RequestError(f"input_ids: the prompt has {input_len} tokens{where}, above the engine's "
+                               f"max_input_len {self.max_input_len}: shorten the prompt")
         if max_new <= 0:
             raise RequestError(f"request_output_len (max_tokens) = {max_new}{where}: must be at least 1")
         if input_len + max_new > self.max_seq_len:
-            raise RequestError(f"prompt ({input_len} tokens) + max_tokens ({max_new}) = {input_len + max_new}{where} "
-                               f"exceeds the engine's max_seq_len {self.max_seq_len}: lower max_tokens to at most "
-                               f"{self.max_seq_len - input_len}")
+            raise RequestError(f"prompt ({input_len} tokens) + request_output_len (max_tokens) {max_new} = "
+                               f"{input_len + max_new}{where} exceeds the engine's max_seq_len {self.max_seq_len}: "
+                               f"lower max_tokens to at most {self.max_seq_len - input_len}")
         if max(ids) >= self.vocab_size or min(ids) < 0:
-            raise RequestError(f"input_ids outside the vocabulary [0, {self.vocab_size}){where}")
+            raise RequestError(f"input_ids holds token id {max(ids) if max(ids) >= self.vocab_size else min(ids)}"
+                               f"{where}, outside the vocabulary [0, {self.vocab_size}): send ids the model's "
+                               "tokenizer gives")
         beam_width = int(get("beam_width", 1))
         if beam_width != 1:
             raise RequestError(f"beam_width = {beam_width}: the pytorch runtime has no beam search (transformers' "
@@ -530,9 +591,12 @@ class TritonPythonModel:
             raise RequestError(f"num_return_sequences = {n_seq}: must be between 1 and max_batch_size "
                                f"{self.max_batch_size}")
         end_id = get("end_id", None)
+        if end_id is not None and end_id < -1:
+            raise RequestError(f"end_id = {end_id}{where}: must be a token id >= 0, or -1 for none (an id the model "
+                               "never generates, -1 or vocab_size, lets the answer run to max_tokens)")
         end_ids = sampling.request_end_ids(end_id, self.default_end_ids)
         exclude = bool(get("exclude_input_in_output", self.exclude_input_default))
-        stop_ids = _words(request, "stop_words_list", b, batch)
+        stop_ids = self._word_ids(request, "stop_words_list", b, batch, where)
         # One-token stop words that are end ids of the model (preprocessing sends generation_config.json's
         # other eos ids that way) are end ids here: dropped from the output and held back by min_tokens.
         end_ids += [w[0] for w in stop_ids if len(w) == 1 and w[0] in self.default_end_ids and w[0] not in end_ids]
@@ -540,13 +604,24 @@ class TritonPythonModel:
         bias = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
         bias = None if bias is None else _row(bias.as_numpy(), b, batch)
         params = sampling.parse_params(get, end_ids=end_ids, max_new_tokens=max_new,
-                                       bad_words=_words(request, "bad_words_list", b, batch), embedding_bias=bias,
+                                       bad_words=self._word_ids(request, "bad_words_list", b, batch, where),
+                                       embedding_bias=bias,
                                        vocab_size=self.vocab_size)
         if n_seq > 1 and params.greedy:
             raise RequestError(f"num_return_sequences = {n_seq} with greedy decoding gives {n_seq} identical "
                                "answers: also send top_k > 1 or top_p > 0 (a temperature alone is greedy)")
         return {"ids": ids, "max_new": max_new, "n_seq": n_seq, "end_ids": end_ids, "exclude": exclude,
                 "stop_ids": stop_ids, "params": params}
+
+    def _word_ids(self, request, name, b, batch, where):
+        """stop_words_list / bad_words_list entry ``b`` as token-id lists; RequestError for an id outside the
+        vocabulary (a bad word's id there would stop the generation loop: the library's ban raises on it)."""
+        words = _words(request, name, b, batch)
+        bad = [t for w in words for t in w if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"{name} holds token id {bad[0]}{where}, outside the vocabulary [0, "
+                               f"{self.vocab_size}): send the ids of the words (preprocessing builds the list)")
+        return words
 
     def _stop(self, request, sender):
         """A request with ``stop`` = true stops the in-flight request(s) that carry the same Triton request
@@ -564,6 +639,10 @@ class TritonPythonModel:
                 state.cancelled = True
             if stopped and not stopped[0].group.closed:
                 self.stats["requests_cancelled"] += 1
+            if not stopped:  # the stop overtook its request (BLS forwards a cancel while it queues): ends at once
+                now = time.monotonic()
+                self.early_stops = {k: t for k, t in self.early_stops.items() if now - t < EARLY_STOP_S}
+                self.early_stops[triton_id] = now
         for state in stopped:
             self.manager.cancel_request(state.rid)  # the library frees its KV blocks
             tokens = list(state.tokens)
@@ -579,11 +658,9 @@ class TritonPythonModel:
         state.cancelled = True
         self.manager.cancel_request(state.rid)
         self._retire_locked(state)
-        if not state.group.closed:
-            state.group.closed = True
+        if state.group.send_final(state.sender, pb_utils.InferenceResponse(
+                output_tensors=[], error=pb_utils.TritonError(message))):
             self.stats["requests_cancelled"] += 1
-            state.sender.send(pb_utils.InferenceResponse(
-                output_tensors=[], error=pb_utils.TritonError(message)), flags=FINAL)
 
     # ---- output routing -----------------------------------------------------------------------
     def _hand_over(self, outputs):
@@ -630,10 +707,9 @@ class TritonPythonModel:
                 if not state.done:
                     self._retire_locked(state)
                     try:  # the client must hear that its request ended, not wait for a timeout
-                        state.sender.send(pb_utils.InferenceResponse(
+                        state.group.send_final(state.sender, pb_utils.InferenceResponse(
                             output_tensors=[], error=pb_utils.TritonError(
-                                f"internal error while returning tokens: {type(exc).__name__}: {exc}")),
-                            flags=FINAL)
+                                f"internal error while returning tokens: {type(exc).__name__}: {exc}")))
                     except Exception:
                         pass  # the sender itself is what broke
             self.manager.cancel_request(state.rid)
@@ -648,11 +724,8 @@ class TritonPythonModel:
                     return
                 self._retire_locked(state)
                 self.stats["requests_failed"] += 1
-                if not state.group.closed:
-                    state.group.closed = True
-                    state.sender.send(pb_utils.InferenceResponse(
-                        output_tensors=[], error=pb_utils.TritonError(f"generation failed: {result.error}")),
-                        flags=FINAL)
+                state.group.send_final(state.sender, pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(f"generation failed: {result.error}")))
             return
         if state.first_scheduled_ns == 0:
             state.first_scheduled_ns = now
@@ -727,16 +800,17 @@ class TritonPythonModel:
         with self.lock:
             if state.done or state.group.closed:
                 return
-            flags = 0
+            last = False
             if final:
                 self._retire_locked(state)
                 state.group.remaining -= 1
-                if state.group.remaining == 0:
-                    state.group.closed = True
-                    flags = FINAL
+                last = state.group.remaining == 0
             response = pb_utils.InferenceResponse(output_tensors=out)
             t1 = time.perf_counter()
-            state.sender.send(response, flags=flags)
+            if last:
+                state.group.send_final(state.sender, response)
+            else:
+                state.sender.send(response)
             self.stats["responses_total"] += 1  # one writer: the thread that routes
             self.response_seconds["build"] += t1 - t0
             self.response_seconds["send"] += time.perf_counter() - t1
@@ -761,7 +835,7 @@ class TritonPythonModel:
             gone = []
             for state in live:
                 try:
-                    if state.sender.is_cancelled():
+                    if state.group.is_cancelled(state.sender):
                         gone.append(state)
                 except Exception:
                     pass  # the request ended meanwhile
