@@ -35,6 +35,8 @@ def openai_body(endpoint: str, model: str, rid: str, spec: RequestSpec, inputs: 
 
 
 def _kind(status: int, message: str) -> str:
+    if status in (429, 503) and "overloaded" in message.lower():
+        return "overloaded"
     if status in (408, 504):
         return "timeout"
     if status in (502, 503):

@@ -67,10 +67,15 @@ CONNECTION_WORDS = ("connection refused", "connection reset", "connection closed
                     "stream removed", "server disconnected", "goaway")
 
 
+OVERLOAD_WORDS = ("overloaded", "exceeds maximum queue size", "maximum queue size", "retry later")
+"""Words of a server's admission refusal (the runtime's max_queue_size, Triton's queue policy): the request was
+answered at once with "try again", an outcome an overload test counts apart from failures."""
+
+
 def classify(message: str) -> str:
     """An error message -> a kind for ``errors_by_kind``."""
     m = message.lower()
-    for kind, keys in (("cancelled", ("cancel",)), ("connection", CONNECTION_WORDS),
+    for kind, keys in (("cancelled", ("cancel",)), ("overloaded", OVERLOAD_WORDS), ("connection", CONNECTION_WORDS),
                        ("timeout", ("timeout", "deadline")), ("unavailable", ("unavailable", "connect", "failed to")),
                        ("invalid_request", ("invalid", "must be", "exceed", "unexpected", "not found", "expected"))):
         if any(k in m for k in keys):
@@ -120,9 +125,8 @@ class Connection:
 
     def _finish(self, rid: str, now: float, error: str | None = None, kind: str | None = None) -> None:
         rec, fut = self.pending.pop(rid)
-        if error is None:
-            rec.done = now
-        else:
+        rec.done = now  # when it ended, answered or not (statistics read answered requests only: RequestRecord.ok)
+        if error is not None:
             rec.error, rec.error_kind = error, kind
         if not fut.done():
             fut.set_result(rec)
