@@ -472,6 +472,9 @@ def cmd_stop(args) -> int:
     result = stop_from_state(state)
     if result is None:
         print(f"no running server recorded in {state}")
+    elif result.get("crashed"):
+        print(f"the recorded {result.get('server')} had already exited (crashed or killed; see its log); removed "
+              f"what it left: {result['orphans_killed']} process(es), {result['shm_removed']} /dev/shm region(s)")
     elif result.get("server") == "trtllm-serve":
         print("stopped trtllm-serve" + (f", forcibly: it outlived SIGTERM or left child processes ("
                                         f"{result['stubs_killed']} killed)" if result["forced"] else ""))
@@ -508,7 +511,8 @@ def cmd_query(args) -> int:
     if not args.raw and not (out / "engine" / "engine.json").is_file():
         raise PipelineError(f"{out / 'engine'} is not built yet: run `make build-engine` (or `trtpipe build`) first, "
                             "or pass --raw to send the prompt without the model's chat template" + _not_built(out))
-    text = args.prompt if args.raw else format_chat(out / "engine", args.prompt, args.system)
+    text = args.prompt if args.raw else format_chat(out / "engine", args.prompt, args.system,
+                                                    trust_remote_code=build.model.trust_remote_code)
     t0 = time.perf_counter()
     first, tokens = None, 0
     for chunk in stream_generate(url, text, args.max_tokens):
@@ -786,6 +790,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full or read-only disk outside the build's own reporting: where and what to do
+        from plugins.fsutil import write_failure
+
+        err = write_failure(exc, Path(exc.filename or "."), "trtpipe")
+        if err is None:
+            raise
+        print(f"error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

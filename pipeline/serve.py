@@ -310,6 +310,7 @@ class _ServerProcess:
     def __init__(self, log_path: Path):
         self.proc: subprocess.Popen | None = None
         self.log_path = log_path
+        self.started_at: float | None = None  # time.time() at the spawn (reap_orphans' since)
 
     def _launch(self, argv: list[str], env: dict, detach: bool):
         """Spawn ``argv`` and wait until the server is ready (:meth:`wait_ready`); stop it on any failure."""
@@ -344,6 +345,7 @@ class _ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "w") as logf:
             log.info("starting %s: %s", self.program, shlex.join(argv))
+            self.started_at = time.time()
             self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=detach)
 
@@ -355,12 +357,19 @@ class _ServerProcess:
 
     def stop(self, timeout: float = 40.0) -> dict:
         """Stop the server and every process it started (see :func:`terminate_server`)."""
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
             return {"forced": False, "stubs_killed": 0}
+        if self.proc.poll() is not None:  # it died (crashed or killed): what it started may still run
+            return {"forced": False, "stubs_killed": 0, "exit_code": self.proc.returncode, **self._reap()}
         result = terminate_server(self.proc.pid, timeout)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)  # reap
-        return result
+        return _merge_reaped(result, self._reap())
+
+    def _reap(self) -> dict:
+        """reap_orphans for this server's repository (other servers only: no-op)."""
+        repo = getattr(getattr(self, "cfg", None), "model_repository", None)
+        return reap_orphans(repo, self.started_at) if repo is not None else {}
 
     def __enter__(self):
         return self.start() if self.proc is None else self
@@ -637,6 +646,8 @@ class FrontendLaunch:
     ready_timeout_s: float = 120.0
     triton_model: str = "tensorrt_llm_bls"
     """The Triton model it sends to (pipeline.openai_frontend.FrontendConfig.triton_model)."""
+    trust_remote_code: bool = False
+    """Whether the tokenizer's own code may run (the repository's preprocessing ``trust_remote_code``)."""
 
     @property
     def url(self) -> str:
@@ -648,18 +659,19 @@ class FrontendLaunch:
         return frontend_argv(sys.executable, grpc_url=self.grpc_url, model=self.model, tokenizer=str(self.tokenizer_dir),
                              max_input_len=self.max_input_len, max_seq_len=self.max_seq_len,
                              add_special_tokens=self.add_special_tokens, host=self.address, port=self.port,
-                             triton_model=self.triton_model)
+                             triton_model=self.triton_model, trust_remote_code=self.trust_remote_code)
 
 
 def frontend_launch(build, cfg: ServerConfig, port: int, tokenizer_dir: Path) -> FrontendLaunch:
     """The frontend for ``build`` served by ``cfg``: its model id is the build name, its limits the build's,
     prompt tokens counted as the repository's preprocessing model counts them (``add_special_tokens``)."""
-    from model_repo.deploy import preprocessing_adds_special_tokens
+    from model_repo.deploy import preprocessing_adds_special_tokens, preprocessing_trusts_remote_code
 
     special = preprocessing_adds_special_tokens(cfg.model_repository)
     lim = build.settings.limits
     return FrontendLaunch(cfg.grpc_url, build.name, tokenizer_dir, lim.max_input_len, lim.max_seq_len, special,
-                          cfg.address, port, cfg.model_repository.parent / "openai_frontend.log")
+                          cfg.address, port, cfg.model_repository.parent / "openai_frontend.log",
+                          trust_remote_code=preprocessing_trusts_remote_code(cfg.model_repository))
 
 
 class OpenAIFrontend(_ServerProcess):
@@ -781,6 +793,62 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
     return {"forced": forced, "stubs_killed": len(alive), "wait_s": wait_s, "shm_removed": removed}
 
 
+SHM_PREFIX = "triton_python_backend_shm_region"
+"""Name prefix of the shared-memory regions Triton's Python backend creates in /dev/shm, one per stub."""
+
+
+def _mapped_shm() -> set[str]:
+    """/dev/shm file names some live process has mapped (read from /proc/<pid>/maps)."""
+    names: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            for line in maps.read_text().splitlines():
+                if "/dev/shm/" in line:
+                    names.add(line.rsplit("/dev/shm/", 1)[1].split(" ")[0])
+    return names
+
+
+def reap_orphans(model_repository: Path, since: float | None = None) -> dict:
+    """After a tritonserver died (or was killed): SIGKILL the processes it left that run from
+    ``model_repository`` (Python-backend stubs and the engine worker outlive a killed server and ignore
+    SIGTERM), then remove the Python backend's /dev/shm regions that they named or that no live process maps
+    and that were made at or after ``since`` (the server's start, seconds since the epoch; None: only the
+    named ones). Call it only when no server serves ``model_repository``.
+
+    Returns {"orphans_killed": count, "shm_removed": count}.
+    """
+    import psutil
+
+    root = str(Path(model_repository).resolve()) + os.sep
+    orphans, named = [], set()
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if proc.pid != os.getpid() and any(a.startswith(root) for a in cmd):
+            orphans.append(proc)
+            named.update(a for a in cmd if a.startswith(SHM_PREFIX))
+    for proc in orphans:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(orphans, timeout=5)
+    mapped = _mapped_shm()
+    removed = 0
+    for f in Path("/dev/shm").glob(SHM_PREFIX + "*"):
+        with contextlib.suppress(OSError):
+            if f.name in mapped:
+                continue
+            if f.name in named or (since is not None and f.stat().st_ctime >= since - 1.0):
+                f.unlink()
+                removed += 1
+    return {"orphans_killed": len(orphans), "shm_removed": removed}
+
+
+def _merge_reaped(result: dict, reaped: dict) -> dict:
+    """terminate_server's result with reap_orphans' counts added."""
+    result["orphans_killed"] = reaped.get("orphans_killed", 0)
+    result["shm_removed"] = result.get("shm_removed", 0) + reaped.get("shm_removed", 0)
+    return result
+
+
 def _cmdline(proc) -> list[str]:
     import psutil
 
@@ -806,6 +874,15 @@ def stop_from_state(path: Path, timeout: float = 40.0) -> dict | None:
         log.warning("%s names pid %s, which is not the %s it recorded (another process now): left alone",
                     path, pid, program)
     result = terminate_server(pid, timeout) if ours else None
+    repo = state.get("model_repository")
+    if repo and (ours or not _alive(int(pid))):  # also after a crash: its stubs and worker may still run
+        reaped = reap_orphans(Path(repo), state.get("create_time"))
+        if result is None and any(reaped.values()):
+            log.warning("the recorded %s (pid %s) was gone; removed what it left: %d processes, %d /dev/shm "
+                        "regions", program, pid, reaped["orphans_killed"], reaped["shm_removed"])
+            result = {"forced": False, "stubs_killed": 0, "crashed": True}
+        if result is not None:
+            result = _merge_reaped(result, reaped)
     path.unlink(missing_ok=True)
     if result is not None:
         result["server"] = state.get("server", TritonServer.program)
