@@ -151,6 +151,7 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
         client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter())))
     except InferenceServerException as exc:
         raise PipelineError(f"cannot reach Triton at {url}: {exc}. Is the server running (`make serve`)?") from exc
+    finished = False
     try:
         client.async_stream_infer(model, build_inputs(text, max_tokens, perf_metrics=perf_metrics, **kwargs),
                                   request_id=uuid.uuid4().hex, outputs=outputs, enable_empty_final_response=True)
@@ -176,7 +177,10 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
             if arr is not None or final:
                 yield Chunk(text_out, n, final, t, perf, extra)
             if final:
+                finished = True
                 return
     finally:
-        client.stop_stream(cancel_requests=True)
+        # Cancel only a request that has not ended: a cancel racing the final response can crash tritonserver
+        # (the race of triton-inference-server/server #8034); a finished stream just closes.
+        client.stop_stream(cancel_requests=not finished)
         client.close()

@@ -19,7 +19,7 @@ from tests.model_repo.test_serving_options import engine_dir  # noqa: F401  (a f
 
 pytestmark = pytest.mark.e2e
 
-FUZZ_SECONDS = 30.0
+FUZZ_SECONDS = 20.0
 
 
 @pytest.fixture(scope="module")
