@@ -85,8 +85,11 @@ def run_worker(request: dict, *, on_line: Optional[Callable[[dict], None]] = Non
         out: list[dict] = []
         deadline = time.monotonic() + timeout_s
         try:
-            proc.stdin.write(json.dumps(request))
-            proc.stdin.close()
+            try:
+                proc.stdin.write(json.dumps(request))
+                proc.stdin.close()
+            except BrokenPipeError:  # it exited before reading the request: its exit status and stderr say why
+                pass
             for line in proc.stdout:
                 obj = json.loads(line)
                 out.append(obj)
