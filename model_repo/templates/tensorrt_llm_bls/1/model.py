@@ -150,17 +150,23 @@ class TritonPythonModel:
                         f"tensorrt_llm failed while this request was in flight: {dead}")))
 
     @staticmethod
-    def _probe_dead():
-        """tensorrt_llm's own words when it cannot serve (its stub died: Triton says "not healthy"), else None.
-        The probe is a `stop` without a request id, which a live model refuses at once."""
+    def _model_error():
+        """What tensorrt_llm says when it cannot serve (its stub died: Triton's "not healthy"; its engine worker
+        died: the runtime's reason), else None. The probe is a `stop` without a request id, which a live model
+        refuses at once for the missing id."""
         try:
             for resp in TritonPythonModel._stop_request(""):
-                if resp.has_error() and "not healthy" in resp.error().message():
+                if resp.has_error() and "needs the request_id" not in resp.error().message():
                     return resp.error().message()
         except Exception as exc:
-            if "not healthy" in str(exc):
-                return str(exc)
+            return str(exc)
         return None
+
+    @staticmethod
+    def _probe_dead():
+        """tensorrt_llm's error when its stub died (Triton then never ends its in-flight requests), else None."""
+        err = TritonPythonModel._model_error()
+        return err if err and "not healthy" in err else None
 
     @staticmethod
     def _call(model, inputs, outputs):
@@ -251,17 +257,10 @@ class TritonPythonModel:
 
     def _why_ended(self):
         """The reason a tensorrt_llm stream ended without its final tokens. Triton 2.51's Python backend does
-        not hand a BLS caller an error sent mid-stream (only the end of the stream): ask tensorrt_llm with a
-        `stop` request without an id, which a model that cannot generate answers with its reason (a live
-        one with the missing id)."""
+        not hand a BLS caller an error sent mid-stream (only the end of the stream): ask tensorrt_llm."""
         msg = "the tensorrt_llm request ended without its final tokens (a failure; the server log says why)"
-        try:
-            for resp in self._stop_request(""):
-                if resp.has_error() and "needs the request_id" not in resp.error().message():
-                    return f"{resp.error().message()} ({msg})"
-        except Exception as exc:
-            return f"{exc} ({msg})"
-        return msg
+        err = self._model_error()
+        return f"{err} ({msg})" if err else msg
 
     def finalize(self):
         self.stop_event.set()
