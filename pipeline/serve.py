@@ -813,7 +813,8 @@ def reap_orphans(model_repository: Path, since: float | None = None) -> dict:
     ``model_repository`` (Python-backend stubs and the engine worker outlive a killed server and ignore
     SIGTERM), then remove the Python backend's /dev/shm regions that they named or that no live process maps
     and that were made at or after ``since`` (the server's start, seconds since the epoch; None: only the
-    named ones). Call it only when no server serves ``model_repository``.
+    named ones). Processes of another live server on the same repository (descendants of a
+    :data:`SERVER_PROGRAMS` process) are left alone.
 
     Returns {"orphans_killed": count, "shm_removed": count}.
     """
@@ -823,7 +824,7 @@ def reap_orphans(model_repository: Path, since: float | None = None) -> dict:
     orphans, named = [], set()
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info["cmdline"] or []
-        if proc.pid != os.getpid() and any(a.startswith(root) for a in cmd):
+        if proc.pid != os.getpid() and any(a.startswith(root) for a in cmd) and not _under_live_server(proc):
             orphans.append(proc)
             named.update(a for a in cmd if a.startswith(SHM_PREFIX))
     for proc in orphans:
@@ -840,6 +841,24 @@ def reap_orphans(model_repository: Path, since: float | None = None) -> dict:
                 f.unlink()
                 removed += 1
     return {"orphans_killed": len(orphans), "shm_removed": removed}
+
+
+SERVER_PROGRAMS = frozenset({"tritonserver", "mpirun", "trtllm-serve"})
+"""Process names (``/proc/PID/comm``) of the servers whose descendants :func:`reap_orphans` leaves alone."""
+
+
+def _under_live_server(proc) -> bool:
+    """Whether ``proc`` is a live server program or descends from one (then it is no orphan: another server on the
+    same repository still runs it)."""
+    import psutil
+
+    try:
+        for p in [proc, *proc.parents()]:
+            if p.name() in SERVER_PROGRAMS and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+    except psutil.Error:  # gone meanwhile: nothing to reap
+        return True
+    return False
 
 
 def _merge_reaped(result: dict, reaped: dict) -> dict:

@@ -71,6 +71,26 @@ def test_serves_with_the_virtualenv_activated(built_default, tmp_path, monkeypat
         pass  # READY: every model loaded
 
 
+@pytest.mark.e2e
+def test_stopping_a_server_leaves_another_on_the_same_repository_serving(default_server, built_default, tmp_path):
+    """Stopping one server reaps the stubs its death left; those of a second live server on the same repository
+    are not orphans (the default server's stubs were killed by every other server's stop, so it answered
+    "Stub process ... is not healthy")."""
+    import psutil
+
+    from pipeline.client import stream_generate
+
+    before = {p.pid for p in psutil.Process(default_server.proc.pid).children(recursive=True)}
+    http, grpc, metrics = free_ports(3)
+    cfg = ServerConfig(built_default / "model_repo", http, grpc, metrics, log_file=tmp_path / "server.log",
+                       ready_timeout_s=180, python_path=default_sys_path())
+    TritonServer(cfg).start().stop()
+    after = {p.pid for p in psutil.Process(default_server.proc.pid).children(recursive=True)}
+    assert before and after == before
+    chunks = list(stream_generate(default_server.cfg.grpc_url, "Hello", 2, timeout_s=60))
+    assert sum(c.num_tokens for c in chunks) >= 1
+
+
 def test_repository_device_from_the_tensorrt_llm_config(tmp_path):
     from pipeline.serve import repository_device
 
