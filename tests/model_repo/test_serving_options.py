@@ -61,7 +61,7 @@ def _start_server(engine_dir, tmp, **llm_params):
 
 @pytest.fixture(scope="module")
 def server(engine_dir, tmp_path_factory):
-    srv = _start_server(engine_dir, tmp_path_factory.mktemp("repo"))
+    srv = _start_server(engine_dir, tmp_path_factory.mktemp("repo"), max_queue_size=64)  # QUEUED wait: none refused
     yield srv
     # After every test here, cancelled BLS and direct streams included, the server stops cleanly: a BLS model
     # that left its inner stream unread would never unload (the server then gives up after its exit timeout).
@@ -322,11 +322,17 @@ def _wait_metric(server, family, state, want, timeout_s=60.0, label="state"):
     return _metric(server, family, state, label)
 
 
+QUEUED = 36
+"""Requests cancelled while queued: more than the 32 threads Triton's Python backend runs BLS calls on (a BLS
+exec() holds one until its first response; with all of them held, the BLS's `stop` requests waited too)."""
+
+
 @pytest.mark.parametrize("model", ["tensorrt_llm_bls", "tensorrt_llm"])
 def test_a_request_cancelled_while_queued_leaves_the_queue_at_once(server, engine_dir, model):
-    """max_batch_size (8) long streams generate; 4 more wait in the queue and are cancelled there: they
-    leave it within seconds (not when a slot frees) while the 8 keep generating; then the 8 are cancelled
-    too and every KV block comes back. Each request on its own gRPC stream, as separate clients are."""
+    """max_batch_size (8) long streams generate; QUEUED more wait (in the runtime's queue, or in the BLS's own
+    wait for a pending slot) and are cancelled there: they leave within seconds (not when a slot frees) while
+    the 8 keep generating; then the 8 are cancelled too and every KV block comes back. Each request on its own
+    gRPC stream, as separate clients are."""
     import tritonclient.grpc as grpcclient
 
     total = _metric(server, "trtpipe_runtime_kv_cache_blocks", "total")
@@ -347,25 +353,38 @@ def test_a_request_cancelled_while_queued_leaves_the_queue_at_once(server, engin
     try:
         start(8)
         assert _wait_metric(server, "trtpipe_runtime_requests", "generating", 8, timeout_s=120) == 8
-        start(4)
-        assert _wait_metric(server, "trtpipe_runtime_requests", "queued", 4, timeout_s=60) == 4
-        for client in clients[8:]:
+        start(QUEUED)
+        queued = _wait_steady(server, "trtpipe_runtime_requests", "queued")
+        assert queued >= 16, f"only {queued} of {QUEUED} requests reached the queue"
+        for client in reversed(clients[8:]):  # the last ones first: those still waiting in the BLS never start
             client.stop_stream(cancel_requests=True)
         assert _wait_metric(server, "trtpipe_runtime_requests", "queued", 0, timeout_s=15) == 0, \
             "cancelled requests stayed in the queue"
         assert _metric(server, "trtpipe_runtime_requests", "generating") == 8, "the running batch was disturbed"
-        assert _wait_published_total(server, cancelled0 + 4) == cancelled0 + 4
+        assert _wait_published_total(server, cancelled0 + queued) == cancelled0 + queued
         for client in clients[:8]:
             client.stop_stream(cancel_requests=True)
         assert _wait_metric(server, "trtpipe_runtime_requests", "inflight", 0) == 0
         assert _wait_metric(server, "trtpipe_runtime_kv_cache_blocks", "free", total) == total, "blocks not given back"
-        assert _wait_published_total(server, cancelled0 + 12) == cancelled0 + 12
+        assert _wait_published_total(server, cancelled0 + queued + 8) == cancelled0 + queued + 8
     finally:
         for client in clients:  # a stream closed without cancel_requests waits for its requests to end
             client.stop_stream(cancel_requests=True)
             client.close()
     assert "Paris" in _text(server, _chat(engine_dir, "What is the capital of France?"), 16, model=model
                             if model != "tensorrt_llm" else "ensemble")[0]
+
+
+def _wait_steady(server, family, state, steady_s=1.0, timeout_s=60.0):
+    """The metric's value once it has not changed for ``steady_s`` (or at ``timeout_s``)."""
+    value, since = _metric(server, family, state), time.monotonic()
+    deadline = since + timeout_s
+    while time.monotonic() < deadline and time.monotonic() - since < steady_s:
+        time.sleep(0.1)
+        now = _metric(server, family, state)
+        if now != value:
+            value, since = now, time.monotonic()
+    return int(value)
 
 
 def _wait_published_total(server, want, timeout_s=30.0):

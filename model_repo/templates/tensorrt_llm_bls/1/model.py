@@ -4,7 +4,9 @@
 # with exec(decoupled=True) and every one of its responses is detokenized and sent on at once.
 # A client that cancels stops the stream (and the tensorrt_llm request with it): a housekeeping thread
 # asks every live request's sender every cancellation_check_period_ms (also while its tensorrt_llm
-# request is queued and sends nothing) and forwards a cancellation as a `stop` request.
+# request is queued and sends nothing) and forwards a cancellation as a `stop` request. At most PENDING_MAX
+# tensorrt_llm calls wait for their first response at once, so that Triton's BLS threads stay free for stops
+# and for the responses to clients.
 
 # @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
 
@@ -41,6 +43,12 @@ def _check_inputs(request):
 
 STALL_S = 5.0
 """Seconds without a response from tensorrt_llm after which the BLS checks that its stub still lives."""
+PENDING_MAX = 24
+"""Most tensorrt_llm calls waiting for their first response at once. Triton's Python backend runs every BLS
+call on a pool of 32 threads per instance (python_be.cc: thread_pool_size, `--backend-config=python,
+thread-pool-size=N`), and a decoupled exec() holds its thread until the first response: with more waiting
+calls than threads, the `stop` requests and the responses to clients queue behind them (cancellation stalled
+at 50 streams). The other 8 threads stay free for those."""
 
 
 class _Live:
@@ -98,6 +106,7 @@ class TritonPythonModel:
         self.pass_outputs = [n for n in _param(cfg, "runtime_output_names").split(",") if n]
         self.live = {}  # thread -> _Live
         self.lock = threading.Lock()
+        self.pending = threading.BoundedSemaphore(PENDING_MAX)
         self.stop_event = threading.Event()
         self.cancel_period = int(_param(cfg, "cancellation_check_period_ms") or "100") / 1000.0
         self.canceller = threading.Thread(target=self._cancel_loop, name="trtpipe-bls-cancel", daemon=True)
@@ -214,14 +223,31 @@ class TritonPythonModel:
             t = pb_utils.get_input_tensor_by_name(request, src)
             if t is not None:
                 llm_in.append(pb_utils.Tensor(dst, t.as_numpy()))
-        if live.poll_cancelled():  # cancelled while being tokenized: nothing was started
+        if not self._wait_pending(live):  # cancelled while waiting for a pending slot: nothing was started
             live.send_final(self._cancelled_response())
             return
-        with live.lock:
-            live.started = True
-        stream = pb_utils.InferenceRequest(
-            model_name="tensorrt_llm", inputs=llm_in, request_id=live.inner_id,
-            requested_output_names=["output_ids", "sequence_length"] + self.pass_outputs).exec(decoupled=True)
+        try:
+            if live.poll_cancelled():  # cancelled while being tokenized: nothing was started
+                live.send_final(self._cancelled_response())
+                return
+            with live.lock:
+                live.started = True
+            stream = pb_utils.InferenceRequest(
+                model_name="tensorrt_llm", inputs=llm_in, request_id=live.inner_id,
+                requested_output_names=["output_ids", "sequence_length"] + self.pass_outputs).exec(decoupled=True)
+        finally:
+            self.pending.release()
+        self._relay(stream, live)
+
+    def _wait_pending(self, live):
+        """Take one of the PENDING_MAX slots (True), or False once the client cancelled while it waited."""
+        while not self.pending.acquire(timeout=self.cancel_period):
+            if live.poll_cancelled():
+                return False
+        return True
+
+    def _relay(self, stream, live):
+        """Detokenize every response of the tensorrt_llm ``stream`` and send it to the client, until the end."""
         live.stream = stream
         if live.cancelled and live.claim_stop():  # cancelled between the check above and the send
             self._stop(live.inner_id, stream)

@@ -631,8 +631,10 @@ class TritonPythonModel:
         have finished already). This is how `tensorrt_llm_bls` forwards a client's cancellation: Triton's
         ensemble does not."""
         triton_id = request.request_id()
-        if not triton_id:
-            raise RequestError("stop = true needs the request_id of the request to stop")
+        if not triton_id:  # not counted as a failed request: tensorrt_llm_bls's liveness probe is this one
+            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
+                "stop = true needs the request_id of the request to stop")), flags=FINAL)
+            return
         with self.lock:
             stopped = [st for st in self.requests.values() if st.triton_id == triton_id and not st.done]
             for state in stopped:
