@@ -171,7 +171,7 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
         cmd = ["tritonserver", f"--model-repository={mount}/model_repo", "--http-address=0.0.0.0",
                "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0", f"--http-port={sv.http_port}",
                f"--grpc-port={sv.grpc_port}", f"--metrics-port={sv.metrics_port}", "--strict-readiness=true",
-               "--exit-on-error=true"]
+               "--exit-on-error=true", "--disable-auto-complete-config"]
         reasons["command"] = "one tritonserver process on model_repo/"
     serve = trtllm_serve_argv(build, mount) if rt.engine == "llmapi" else []
     upstream = {}
