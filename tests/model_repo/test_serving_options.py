@@ -40,7 +40,7 @@ def engine_dir(request) -> Path:
     return request.getfixturevalue("built_default") / "engine"
 
 
-def _start_server(engine_dir, tmp, **llm_params):
+def _start_server(engine_dir, tmp, server_args=(), **llm_params):
     from model_repo.generate import default_sys_path, plan_repository, write_repository
     from pipeline.serve import ServerConfig, TritonServer, free_ports
     from builders.spec import load_spec
@@ -55,7 +55,8 @@ def _start_server(engine_dir, tmp, **llm_params):
     write_repository(plan, tmp / "model_repo")
     http, grpc, metrics = free_ports(3)
     cfg = ServerConfig(model_repository=tmp / "model_repo", http_port=http, grpc_port=grpc, metrics_port=metrics,
-                       log_file=tmp / "tritonserver.log", ready_timeout_s=300, python_path=default_sys_path())
+                       log_file=tmp / "tritonserver.log", ready_timeout_s=300, python_path=default_sys_path(),
+                       extra_args=list(server_args))
     return TritonServer(cfg).start()
 
 
@@ -65,8 +66,13 @@ def server(engine_dir, tmp_path_factory):
     yield srv
     # After every test here, cancelled BLS and direct streams included, the server stops cleanly: a BLS model
     # that left its inner stream unread would never unload (the server then gives up after its exit timeout).
+    # And the engine worker ends with its server.
+    import psutil
+
+    workers = _engine_workers(srv)
     result = srv.stop()
     assert not result["forced"], f"the server needed force to stop: {result}"
+    assert workers and not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
 
 
 def _chat(engine_dir, text):
@@ -249,28 +255,6 @@ def test_response_counters_count_what_the_client_receives(server, engine_dir):
     assert _metric(server, "trtpipe_runtime_response_seconds_total", "send", label="stage") > send_before
 
 
-def test_in_stub_loop_streams_the_same_tokens_with_either_dispatch(server, engine_dir, tmp_path):
-    """engine_process false (the generation loop in a thread of the stub) with response_dispatch thread
-    and inline (the generation thread sends between steps): the same greedy tokens as the default engine
-    process; inline sends one response per step; their own servers."""
-    text = _chat(engine_dir, "What is the capital of France?")
-    expected = [t for r in _direct_stream(server, engine_dir, text, 16) for t in r]
-    assert "response dispatch engine process" in server.log_path.read_text()
-    for dispatch in ("thread", "inline"):
-        srv = _start_server(engine_dir, tmp_path / dispatch, engine_process="false", response_dispatch=dispatch)
-        try:
-            # the mode the model says it runs (thread and inline both send one token per response when idle)
-            assert f"response dispatch {dispatch}" in srv.log_path.read_text()
-            got = _direct_stream(srv, engine_dir, text, 16)
-            assert [t for r in got for t in r] == expected
-            if dispatch == "inline":
-                assert all(len(r) == 1 for r in got), "inline dispatch sends each step's token in its own response"
-                assert _wait_published(srv, "responses", len(got)) == len(got) == _counter(srv, "steps")
-        finally:
-            result = srv.stop()
-        assert not result["forced"], result
-
-
 # Not the ensemble: Triton (core PR #263; measured with 2.51) checks an ensemble's cancellation only
 # between steps and hands it to the *next* step, never to the tensorrt_llm step already streaming; there
 # the request runs on to max_tokens (docs/deploy.md, "Cancelling"). BLS forwards it; a direct
@@ -404,51 +388,58 @@ def _log_probs(server, text):
     return lps
 
 
-def test_engine_process_serves_like_the_stub_loop_and_ends_with_the_server(server, engine_dir, tmp_path):
-    """engine_process = true (the default: the generation loop in its own process, engine_worker.py): the
-    same greedy tokens and seeded samples as the loop in the stub (engine_process false, its own server),
-    log probs and KV-block perf outputs, a cancelled stream gives its blocks back, and stopping the
-    server ends the worker."""
-    import psutil
-
-    workers = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-               if "engine_worker.py" in " ".join(p.cmdline())]
-    assert len(workers) == 1, "one engine worker process under the tensorrt_llm stub"
+def test_engine_process_serves_like_the_stub_loop_with_either_dispatch(server, engine_dir, tmp_path):
+    """engine_process = true (the default: the generation loop in its own process, engine_worker.py) gives the
+    same greedy tokens, seeded samples and log probs as the loop in a thread of the stub (engine_process false,
+    its own servers) with response_dispatch thread and inline (the generation thread sends between steps; one
+    response per step); KV-block perf outputs, and a cancelled stream gives its blocks back. (The worker ends
+    with its server: the module fixture's teardown.)"""
+    assert len(_engine_workers(server)) == 1, "one engine worker process under the tensorrt_llm stub"
+    assert "response dispatch engine process" in server.log_path.read_text()
     text = _chat(engine_dir, "What is the capital of France?")
     opts = {"temperature": 1.3, "top_p": 0.95, "seed": 5}
-    srv = _start_server(engine_dir, tmp_path, engine_process="false")
-    try:
-        assert not [p for p in psutil.Process(srv.proc.pid).children(recursive=True)
-                    if "engine_worker.py" in " ".join(p.cmdline())]
-        greedy = [t for r in _direct_stream(srv, engine_dir, text, 16) for t in r]
-        sampled = _text(srv, text, 16, extra=opts)[0]
-        lps_stub = _log_probs(srv, text)
-    finally:
-        assert not srv.stop()["forced"]
-    assert [t for r in _direct_stream(server, engine_dir, text, 16) for t in r] == greedy
-    assert _text(server, text, 16, extra=opts)[0] == sampled
+    greedy = [t for r in _direct_stream(server, engine_dir, text, 16) for t in r]
+    sampled = _text(server, text, 16, extra=opts)[0]
     lps = _log_probs(server, text)
-    assert lps == pytest.approx(lps_stub, rel=1e-4, abs=1e-5) and all(lp <= 0 for lp in lps)
+    assert all(lp <= 0 for lp in lps)
+    for dispatch in ("thread", "inline"):
+        srv = _start_server(engine_dir, tmp_path / dispatch, engine_process="false", response_dispatch=dispatch)
+        try:
+            assert not _engine_workers(srv)
+            # the mode the model says it runs (thread and inline both send one token per response when idle)
+            assert f"response dispatch {dispatch}" in srv.log_path.read_text()
+            got = _direct_stream(srv, engine_dir, text, 16)
+            assert [t for r in got for t in r] == greedy
+            if dispatch == "inline":
+                assert all(len(r) == 1 for r in got), "inline dispatch sends each step's token in its own response"
+                assert _wait_published(srv, "responses", len(got)) == len(got) == _counter(srv, "steps")
+            else:
+                assert _text(srv, text, 16, extra=opts)[0] == sampled
+                assert _log_probs(srv, text) == pytest.approx(lps, rel=1e-4, abs=1e-5)
+        finally:
+            result = srv.stop()
+        assert not result["forced"], result
     _, _, chunks = _text(server, _chat(engine_dir, "Name a color."), 8, perf_metrics=True)
     assert [c.perf for c in chunks if c.perf][-1]["kv_cache_alloc_new_blocks"] >= 1
     _check_cancel_frees_blocks(server, engine_dir, "tensorrt_llm")
-    # the worker ends with its server: a server of its own, so the module's server keeps serving
-    own = _start_server(engine_dir, tmp_path / "own")
-    own_workers = [p for p in psutil.Process(own.proc.pid).children(recursive=True)
-                   if "engine_worker.py" in " ".join(p.cmdline())]
-    assert len(own_workers) == 1
-    assert not own.stop()["forced"]
-    assert not [w.pid for w in own_workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
+def _engine_workers(server):
+    """The engine worker processes under ``server``'s tritonserver."""
+    import psutil
+
+    return [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+            if "engine_worker.py" in " ".join(p.cmdline())]
 
 
 def test_stop_ends_a_busy_server_and_its_stubs(engine_dir, tmp_path):
-    """Its own server. With a stream still generating, tritonserver
-    gives up unloading after its exit timeout (30 s) and leaves its Python-backend stubs running (they
-    ignore SIGTERM); stop must end them and say it had to."""
+    """Its own server, with a 5 s exit timeout (30 s by default). With a stream still generating, tritonserver
+    gives up unloading after its exit timeout and leaves its Python-backend stubs running (they ignore
+    SIGTERM); stop must end them and say it had to."""
     import psutil
     import tritonclient.grpc as grpcclient
 
-    server = _start_server(engine_dir, tmp_path)
+    server = _start_server(engine_dir, tmp_path, server_args=["--exit-timeout-secs=5"])
     client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
     got: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -462,7 +453,7 @@ def test_stop_ends_a_busy_server_and_its_stubs(engine_dir, tmp_path):
     regions = [a for p in stubs for a in p.cmdline() if a.startswith("triton_python_backend_shm_region")]
     result = server.stop()  # the stream is still open and generating
     client.close()
-    assert result["forced"] and result["stubs_killed"] >= 1 and result["wait_s"] >= 25, result
+    assert result["forced"] and result["stubs_killed"] >= 1 and result["wait_s"] >= 4, result
     assert not [p.pid for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     # the killed stubs' shared-memory regions do not stay behind in /dev/shm
     assert regions and result["shm_removed"] >= 1

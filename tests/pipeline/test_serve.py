@@ -58,33 +58,26 @@ def test_virtualenv_folders_are_taken_off_the_servers_path(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the tests do not run in a virtualenv")
-def test_serves_with_the_virtualenv_activated(built_default, tmp_path, monkeypatch):
-    """`source .venv/bin/activate` then serving: the stub must not take the venv's python3 as its own
-    (with a venv of another CPython build it loaded that build's lib-dynload and every model failed)."""
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)
-    http, grpc, metrics = free_ports(3)
-    cfg = ServerConfig(built_default / "model_repo", http, grpc, metrics, log_file=tmp_path / "server.log",
-                       ready_timeout_s=180, python_path=default_sys_path())
-    with TritonServer(cfg):
-        pass  # READY: every model loaded
-
-
-@pytest.mark.e2e
-def test_stopping_a_server_leaves_another_on_the_same_repository_serving(default_server, built_default, tmp_path):
-    """Stopping one server reaps the stubs its death left; those of a second live server on the same repository
-    are not orphans (the default server's stubs were killed by every other server's stop, so it answered
+def test_a_second_server_with_the_venv_activated_serves_and_stops_without_touching_the_first(
+        default_server, built_default, tmp_path, monkeypatch):
+    """Two things of one server start. `source .venv/bin/activate` then serving: the stub must not take the
+    venv's python3 as its own (with a venv of another CPython build it loaded that build's lib-dynload and every
+    model failed). And stopping that server reaps only orphans: the processes of the default server on the same
+    repository stay (before, they were killed by every other server's stop, and the default server answered
     "Stub process ... is not healthy")."""
     import psutil
 
     from pipeline.client import stream_generate
 
+    if sys.prefix != sys.base_prefix:  # the tests run in a virtualenv: serve as if it were activated
+        monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+        monkeypatch.setenv("VIRTUAL_ENV", sys.prefix)
     before = {p.pid for p in psutil.Process(default_server.proc.pid).children(recursive=True)}
     http, grpc, metrics = free_ports(3)
     cfg = ServerConfig(built_default / "model_repo", http, grpc, metrics, log_file=tmp_path / "server.log",
                        ready_timeout_s=180, python_path=default_sys_path())
-    TritonServer(cfg).start().stop()
+    with TritonServer(cfg):
+        pass  # READY: every model loaded
     after = {p.pid for p in psutil.Process(default_server.proc.pid).children(recursive=True)}
     assert before and after == before
     chunks = list(stream_generate(default_server.cfg.grpc_url, "Hello", 2, timeout_s=60))
