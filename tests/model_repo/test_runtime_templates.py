@@ -66,3 +66,25 @@ def test_llmapi_model_reports_missing_tensorrt_llm(monkeypatch):
     with pytest.raises(TritonModelException, match="needs TensorRT-LLM") as err:
         model.TritonPythonModel().initialize({"model_config": "{}"})
     assert "runtime: pytorch" in str(err.value) and isinstance(err.value.__cause__, ImportError)
+
+
+def test_bls_leaves_python_backend_threads_for_stops_and_sends():
+    """tensorrt_llm_bls lets fewer calls wait for a first response than Triton's Python backend has BLS threads
+    (tests/facts/python_backend/backend_config.json, recorded from python_be.cc): a waiting exec() holds one, and
+    the `stop` requests and the responses to clients need free ones. Our server command keeps the default pool."""
+    import ast
+    import json
+    from pathlib import Path
+
+    from model_repo.generate import TEMPLATES
+    from pipeline.serve import ServerConfig, command
+
+    facts = json.loads((Path(__file__).parents[1] / "facts" / "python_backend" / "backend_config.json").read_text())
+    pool = facts["cmdline_defaults"]["thread-pool-size"]
+    tree = ast.parse((TEMPLATES / "tensorrt_llm_bls" / "1" / "model.py").read_text())
+    pending = next(node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                   and any(getattr(t, "id", None) == "PENDING_MAX" for t in node.targets))
+    assert facts["bls_exec_holds_a_pool_thread_until_first_response"]
+    assert 0 < pending <= pool - 8, (pending, pool)
+    argv = command(ServerConfig(Path("repo")))
+    assert not [a for a in argv if "thread-pool-size" in a] and "--disable-auto-complete-config" in argv
