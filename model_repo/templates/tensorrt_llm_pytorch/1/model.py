@@ -463,10 +463,12 @@ class TritonPythonModel:
                 self._fail(request, sender, f"internal error: {type(exc).__name__}: {exc}")
         return None
 
-    def _fail(self, request, sender, message):
-        """Answer a request that was never registered (validation failed) with an error."""
-        with self.lock:
-            self.stats["requests_failed"] += 1
+    def _fail(self, request, sender, message, counted=True):
+        """Answer a request that was never registered (validation failed) with an error; ``counted``: as a
+        failed request in the runtime's counters."""
+        if counted:
+            with self.lock:
+                self.stats["requests_failed"] += 1
         response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
         if sender is not None:
             sender.send(response, flags=FINAL)
@@ -632,8 +634,7 @@ class TritonPythonModel:
         ensemble does not."""
         triton_id = request.request_id()
         if not triton_id:  # not counted as a failed request: tensorrt_llm_bls's liveness probe is this one
-            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(
-                "stop = true needs the request_id of the request to stop")), flags=FINAL)
+            self._fail(request, sender, "stop = true needs the request_id of the request to stop", counted=False)
             return
         with self.lock:
             stopped = [st for st in self.requests.values() if st.triton_id == triton_id and not st.done]
