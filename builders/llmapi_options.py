@@ -16,6 +16,7 @@ from builders.plan import Plan
 from builders.spec import ResolvedBuild
 from plugins.errors import Problem, did_you_mean
 from plugins.llmapi_args import LLM_API_ARGS
+from trtpipe_runtime.versions import OPTIONS_FILE, options_file_name
 
 SPECULATIVE: dict[str, dict[str, tuple[str, Optional[str]]]] = {
     "eagle3": {"1.2.1": ("Eagle", "speculative_model_dir"), "1.4": ("Eagle3", "speculative_model")},
@@ -127,12 +128,10 @@ def options_files(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[str
     return files
 
 
-OPTIONS_FILE = "llm_api_options.yaml"
-
-
 def options_file(release: str) -> str:
-    """The options file name for ``release``: :data:`OPTIONS_FILE` for the oldest, else with the release in it."""
-    return OPTIONS_FILE if release == RELEASES[0] else f"llm_api_options-{release}.yaml"
+    """The options file name for ``release``: :data:`OPTIONS_FILE` for the oldest, else with the release in it (the
+    names trtpipe_runtime.versions.options_file chooses among)."""
+    return OPTIONS_FILE if release == RELEASES[0] else options_file_name(release)
 
 
 def option_problems(options: dict[str, Any], field: str = "serving.llm_api_options",

@@ -130,7 +130,7 @@ def model_dir(hf_config: dict) -> Path:
 
 def refusal(build: ResolvedBuild, target: TargetProfile, hf_config: dict) -> str:
     """Why aiconfigurator cannot model this build on this target ("" when it can). One clause."""
-    if build.runtime.name not in ("trtllm", "trtllm-llmapi"):
+    if not build.runtime.predicted:
         return (f"runtime {build.runtime.name} is not TensorRT-LLM: aiconfigurator predicts the trtllm and "
                 "trtllm-llmapi runtimes")
     if target.kind != "gpu" or not target.aiconfigurator_system:

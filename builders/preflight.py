@@ -138,14 +138,10 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
                                 f"({lim.tokens_per_block})", f"set limits.max_num_tokens to {good}",
                                 code="chunk_block_multiple"))
 
-    # Triton: the tensorrt_llm model's max_batch_size may not exceed the engine's, and streaming needs the
-    # decoupled policy (the backend's docs/model_config.md).
-    tmbs = sv.triton_max_batch_size
-    if tmbs is not None and tmbs > lim.max_batch_size:
-        problems.append(Problem(where("serving.triton_max_batch_size"), tmbs,
-                                f"Triton's max_batch_size must not exceed the engine's max_batch_size "
-                                f"{lim.max_batch_size}", "lower it or raise limits.max_batch_size",
-                                code="triton_batch_vs_engine"))
+    # Triton: the tensorrt_llm model's max_batch_size may not exceed the engine's (here the planned one; the
+    # repository generator checks the built one), and streaming needs the decoupled policy.
+    problems += [Problem(where(p.field), p.value, p.rule, p.fix, p.code)
+                 for p in triton_batch_problems(build, lim.max_batch_size)]
     if sv.decoupled is False and sv.streaming:
         problems.append(Problem(where("serving.decoupled"), False, "streaming needs the decoupled transaction policy "
                                 "(model_transaction_policy { decoupled: true })",
@@ -154,7 +150,6 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
                                 code="streaming_decoupled"))
     # The portable runtime's tensorrt_llm model answers through decoupled response senders only
     # (model_repo/templates/tensorrt_llm_pytorch/1/model.py refuses every request without them; README "Interface").
-    # model_repo.generate refuses the repository too, but only once checkpoint, verify and engine have run.
     if build.runtime.decoupled_only and not build.decoupled:
         key = "serving.decoupled" if sv.decoupled is not None else "serving.streaming"
         others = [n for n, r in RUNTIMES.items() if not r.decoupled_only and n in target.runtimes]
@@ -175,7 +170,7 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
 
     # The LLM-API options (trtllm-llmapi): every key, generated or the spec's serving.llm_api_options, must be one
     # each supported TensorRT-LLM release takes (plugins/llmapi_args.py, from tensorrt_llm/llmapi/llm_args.py).
-    if build.runtime.engine == "llmapi":
+    if build.runtime.llm_api:
         problems += [Problem(where(p.field), p.value, p.rule, p.fix, p.code)
                      for r in RELEASES for p in option_problems(llm_api_options(build, release=r), releases=[r])]
     problems += llmapi_feature_problems(build)
@@ -203,6 +198,18 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
     return problems
 
 
+def triton_batch_problems(build: ResolvedBuild, engine_max_batch_size: int) -> list[Problem]:
+    """serving.triton_max_batch_size above the engine's max_batch_size (``engine_max_batch_size``: the planned
+    limits.max_batch_size before the build, the built engine's after it). The tensorrt_llm model's max_batch_size
+    may not exceed the engine's (TensorRT-LLM backend docs/model_config.md, ``triton_max_batch_size``)."""
+    tmbs = build.settings.serving.triton_max_batch_size
+    if tmbs is None or tmbs <= engine_max_batch_size:
+        return []
+    return [Problem("serving.triton_max_batch_size", tmbs, f"exceeds the engine's max_batch_size "
+                    f"{engine_max_batch_size}: Triton's may not be larger",
+                    "lower it, or raise limits.max_batch_size (and rebuild)", code="triton_batch_vs_engine")]
+
+
 def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
     """Speculative decoding, guided decoding and host KV offload: which runtimes take them, and the draft rules.
 
@@ -215,7 +222,7 @@ def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
     s, where = build.settings, build.where
     sv = s.serving
     spec = sv.speculative_decoding
-    llmapi = build.runtime.engine == "llmapi"
+    llmapi = build.runtime.llm_api
     problems: list[Problem] = []
     for name, value, what in (("speculative_decoding", spec and spec.mode, "speculative_config"),
                               ("guided_decoding_backend", sv.guided_decoding_backend, "guided_decoding_backend")):
@@ -224,7 +231,7 @@ def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
                                     f"only trtllm-llmapi passes the LLM API's {what}",
                                     f"set runtime: trtllm-llmapi for this target, or remove serving.{name}",
                                     code="llmapi_feature"))
-    if sv.kv_cache_host_memory_bytes and build.runtime.engine == "pytorch":
+    if sv.kv_cache_host_memory_bytes and not build.runtime.host_kv_tier:
         problems.append(Problem(where("serving.kv_cache_host_memory_bytes"), sv.kv_cache_host_memory_bytes,
                                 "the portable runtime has no host tier for KV blocks (TensorRT-LLM's KV cache manager "
                                 "has)", "remove it for this target, or use runtime trtllm / trtllm-llmapi",

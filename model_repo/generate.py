@@ -16,6 +16,7 @@ Layout and tensor names follow the TensorRT-LLM backend's
 from __future__ import annotations
 
 import json
+import shutil
 import string
 import sysconfig
 from dataclasses import dataclass, field
@@ -26,35 +27,24 @@ from tritonclient.grpc import model_config_pb2
 
 from builders.engine_trtllm import TRTLLM_VERSION, engine_facts
 from builders.plan import Plan
+from builders.preflight import triton_batch_problems
 from builders.spec import ENGINE_LIMIT_KEYS
 from plugins.errors import Problem, StageError
 from plugins.fsutil import atomic_dir
 from plugins.runtimes import kv_slots
+import trtpipe_runtime
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 
-def load_template_module(relpath: str, name: str):
-    """Import a helper module that ships inside a template folder (``relpath`` under TEMPLATES, e.g.
-    ``tensorrt_llm_pytorch/1/sampling.py``) under ``name``, rendered as the repository holds it (shared
-    pieces spliced in) and with ``__file__`` in the template folder, so it finds its neighbours the way
-    the template's model.py does (a Triton model folder is not a package). For tests and in-process
-    benchmarks."""
-    import sys
-    import types
-
-    path = TEMPLATES / relpath
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
-    sys.modules[name] = module
-    exec(compile(render_template_py(relpath), str(path), "exec"), module.__dict__)
-    return module
+RUNTIME_PACKAGE = Path(trtpipe_runtime.__file__).resolve().parent
+"""The support package every Python-backend model imports (trtpipe_runtime): copied into each one's version
+folder (<model>/1/trtpipe_runtime/), where the stub imports model.py from."""
 
 
-BOOTSTRAP_MARKER = "# @@BOOTSTRAP@@"
-RUNTIME_CONFIG_MARKER = "# @@RUNTIME_CONFIG@@"
-REQUEST_HELPERS_MARKER = "# @@REQUEST_HELPERS@@"
-RUNTIME_CONFIG = Path(__file__).resolve().parent / "runtime_config.py"
+def runtime_package_files() -> list[Path]:
+    """The files of :data:`RUNTIME_PACKAGE` a repository gets (its .py files, sorted; no caches)."""
+    return sorted(RUNTIME_PACKAGE.glob("*.py"))
 
 
 @dataclass(frozen=True)
@@ -201,7 +191,8 @@ def _tokenizer_vocab(tokenizer_dir: Path, trust_remote_code: bool) -> int | None
 
 
 def check_against_engine(build, engine: dict | None, tokenizer_dir: Path) -> list[Problem]:
-    """Every way the spec, the engine's own config and the tokenizer can disagree (all problems at once).
+    """Every way the built engine's own facts (its config) and the tokenizer disagree with the spec and its plan
+    (all problems at once). Rules of the spec alone are builders.preflight's, checked before any stage.
 
     ``engine`` is None for a GPU-host bundle (the engine does not exist yet): the checks that need
     the built engine are skipped there and run by the bundle's script instead.
@@ -215,10 +206,7 @@ def check_against_engine(build, engine: dict | None, tokenizer_dir: Path) -> lis
         problems.append(Problem(field, value, rule, fix, code))
 
     rebuild = "rebuild the engine (`trtpipe build`) so the repository and the engine come from the same spec"
-    tmbs = sv.triton_max_batch_size
-    if tmbs and tmbs > bc["max_batch_size"]:
-        bad("serving.triton_max_batch_size", tmbs, f"exceeds the engine's max_batch_size {bc['max_batch_size']}",
-            "lower it or rebuild with a larger limits.max_batch_size", "triton_batch_above_engine")
+    problems += triton_batch_problems(build, bc["max_batch_size"])
     for key in ENGINE_LIMIT_KEYS:
         want = getattr(s.limits, key, None)
         if want is not None and bc.get(key) is not None and want != bc[key]:
@@ -232,10 +220,6 @@ def check_against_engine(build, engine: dict | None, tokenizer_dir: Path) -> lis
         bad("parallelism", {"tp_size": s.parallelism.tp_size, "pp_size": s.parallelism.pp_size},
             f"world_size tp x pp = {world} but the engine was built for world_size {eng_world}", rebuild,
             "world_size_differs_from_engine")
-    if build.runtime.decoupled_only and not build.decoupled:
-        bad("serving.decoupled", build.decoupled, f"the {build.runtime.name} runtime answers through decoupled "
-            "response senders only", "set serving.streaming: true and leave serving.decoupled null",
-            "pytorch_needs_decoupled")
     if build.runtime.builds_trt_engine:
         plugin = bc.get("plugin_config") or {}
         paged_ctx = plugin.get("use_paged_context_fmha")
@@ -338,7 +322,7 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
         llm = _plan_trtllm_model(build, target, engine_dir, limit_src, dec_src)
     else:
         llm = _plan_python_llm_model(build, target, engine_dir, limit_src, dec_src, kv_pool_tokens)
-        if build.runtime.engine != "llmapi":  # the LLM API takes it from llm_api_options.yaml (builders.llmapi_options)
+        if not build.runtime.llm_api:  # the LLM API takes it from llm_api_options.yaml (builders.llmapi_options)
             llm.set(*remote)
     common(llm)
 
@@ -361,7 +345,7 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
     bls.set("runtime_output_names", ",".join(p.runtime_name for p in PASS_OUTPUTS),
             "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
     files = {}
-    if build.runtime.engine == "llmapi":  # the options tensorrt_llm.LLM gets: one file for Triton and trtllm-serve
+    if build.runtime.llm_api:  # the options tensorrt_llm.LLM gets: one file for Triton and trtllm-serve
         from builders.llmapi_options import options_files
 
         files.update({f"tensorrt_llm/1/{name}": text for name, text in options_files(build, plan).items()})
@@ -406,7 +390,7 @@ def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec
     for key in ("kv_cache_free_gpu_mem_fraction", "enable_kv_cache_reuse", "enable_chunked_context",
                 "batch_scheduler_policy", "max_queue_size"):
         llm.set(key, getattr(s.serving, key), f"spec: serving.{key}")
-    if build.runtime.engine == "llmapi":  # tensorrt_llm.LLM takes these from llm_api_options.yaml: show its values
+    if build.runtime.llm_api:  # tensorrt_llm.LLM takes these from llm_api_options.yaml: show its values
         from builders.llmapi_options import llm_api_options
 
         kv = llm_api_options(build)["kv_cache_config"]
@@ -516,23 +500,6 @@ def check_ensemble(configs: dict[str, model_config_pb2.ModelConfig]) -> list[str
     return problems
 
 
-def render_model_py(template: str) -> str:
-    """A model.py template with the shared pieces spliced in (see render_template_py)."""
-    return render_template_py(f"{template}/1/model.py")
-
-
-def render_template_py(relpath: str) -> str:
-    """A Python file of a template (``relpath`` under TEMPLATES) with the shared pieces spliced in at
-    their markers: the sys.path bootstrap, the continuous-batching settings and the request helpers."""
-    text = (TEMPLATES / relpath).read_text()
-    boot = (TEMPLATES / "_bootstrap.py").read_text()
-    lines = text.splitlines(keepends=True)
-    swap = {BOOTSTRAP_MARKER: boot, RUNTIME_CONFIG_MARKER: RUNTIME_CONFIG.read_text(),
-            REQUEST_HELPERS_MARKER: (TEMPLATES / "_request_helpers.py").read_text()}
-    out = [next((v for k, v in swap.items() if line.startswith(k)), line) for line in lines]
-    return "".join(out)
-
-
 def write_repository(plan: RepositoryPlan, out_dir: Path, *, atomic: bool = True) -> dict[str, model_config_pb2.ModelConfig]:
     """Render, validate and write the repository into ``out_dir``.
 
@@ -558,17 +525,27 @@ def write_repository(plan: RepositoryPlan, out_dir: Path, *, atomic: bool = True
     return configs
 
 
+def write_python_model(template: str, model_dir: Path, sys_path: list[str]) -> None:
+    """A Python-backend model's files into ``model_dir``: the template's modules (``model.py`` and those it
+    imports) and the support package into ``1/``, ``sys_path.json`` (the site-packages the bootstrap puts first)
+    beside config.pbtxt."""
+    version = model_dir / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    for module in sorted((TEMPLATES / template / "1").glob("*.py")):
+        shutil.copyfile(module, version / module.name)
+    (version / RUNTIME_PACKAGE.name).mkdir()
+    for f in runtime_package_files():
+        shutil.copyfile(f, version / RUNTIME_PACKAGE.name / f.name)
+    (model_dir / "sys_path.json").write_text(json.dumps(sys_path) + "\n")
+
+
 def _write(plan: RepositoryPlan, rendered: dict[str, str], tmp: Path) -> None:
     for mp in plan.models:
         mdir = tmp / mp.name
         (mdir / "1").mkdir(parents=True)
         (mdir / "config.pbtxt").write_text(rendered[mp.name])
         if (TEMPLATES / mp.template / "1" / "model.py").is_file():
-            (mdir / "1" / "model.py").write_text(render_model_py(mp.template))
-            (mdir / "sys_path.json").write_text(json.dumps(plan.sys_path) + "\n")
-            for helper in sorted((TEMPLATES / mp.template / "1").glob("*.py")):  # modules model.py loads
-                if helper.name != "model.py":
-                    (mdir / "1" / helper.name).write_text(render_template_py(f"{mp.template}/1/{helper.name}"))
+            write_python_model(mp.template, mdir, plan.sys_path)
     for rel, text in plan.files.items():
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp / rel).write_text(text)

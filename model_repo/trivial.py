@@ -8,10 +8,9 @@ drive it exactly like a built repository. It needs no model, tokenizer or engine
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from model_repo.generate import PERF_OUTPUTS, ModelPlan, default_sys_path, parse_config, render_config, render_model_py
+from model_repo.generate import PERF_OUTPUTS, ModelPlan, default_sys_path, parse_config, render_config, write_python_model
 from plugins.fsutil import atomic_dir
 
 TEMPLATE = "trivial_stream"
@@ -37,8 +36,6 @@ def write_trivial_repository(out_dir: Path, *, token_delay_us: int = 0, max_batc
     parse_config(text, f"{mp.name}/config.pbtxt")
     out_dir = Path(out_dir)
     with atomic_dir(out_dir) as tmp:
-        (tmp / mp.name / "1").mkdir(parents=True)
+        write_python_model(TEMPLATE, tmp / mp.name, sys_path or default_sys_path())
         (tmp / mp.name / "config.pbtxt").write_text(text)
-        (tmp / mp.name / "1" / "model.py").write_text(render_model_py(TEMPLATE))
-        (tmp / mp.name / "sys_path.json").write_text(json.dumps(sys_path or default_sys_path()) + "\n")
     return out_dir

@@ -97,7 +97,7 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     out = build_dir(build, out_root, variant)
     check_writable(out, "the build folder")  # a read-only output root fails now, not after the calibration
     check_writable(cache_root(), "the cache ($TRTPIPE_CACHE)")  # the build lock lives there
-    if toolchain is None and build.runtime.engine == "trtllm-build":
+    if toolchain is None and build.runtime.builds_trt_engine:
         from builders.engine_trtllm import installed_toolchain
 
         toolchain = installed_toolchain()
@@ -348,12 +348,12 @@ def deploy_build(build: ResolvedBuild, *, out_root: Path | None = None, variant:
 
 
 def templates_digest() -> str:
-    """SHA-256 of what writes a repository: the templates, the spliced runtime settings and the generator
-    itself (its tensor tables and values reach every config.pbtxt)."""
+    """SHA-256 of what writes a repository: the templates, the support package every model imports
+    (trtpipe_runtime) and the generator itself (its tensor tables and values reach every config.pbtxt)."""
     import model_repo.generate as generate
 
     files = [p for p in sorted(generate.TEMPLATES.rglob("*")) if p.is_file() and "__pycache__" not in p.parts]
-    files += [generate.RUNTIME_CONFIG, Path(generate.__file__)]
+    files += [*generate.runtime_package_files(), Path(generate.__file__)]
     return hashlib.sha256(b"".join(p.read_bytes() for p in files)).hexdigest()
 
 

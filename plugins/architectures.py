@@ -260,9 +260,9 @@ def support(arch: Architecture, runtime: Runtime, quant) -> Support:
         if fmt is None:
             return None, why or (arch.why_no_trtllm if "trtllm" in rt.checkpoint_formats else
                                  f"no checkpoint format of runtime {rt.name} is exported for {arch.family}")
-        if rt.engine == "trtllm-build" and not arch.trtllm_build:
+        if rt.builds_trt_engine and not arch.trtllm_build:
             return None, arch.why_no_trtllm or f"TensorRT-LLM 1.2.1's engine path has no {arch.family} model"
-        if rt.engine == "llmapi" and not arch.llmapi:
+        if rt.llm_api and not arch.llmapi:
             return None, f"TensorRT-LLM 1.2.1's PyTorch backend registers no {arch.name}"
         return fmt, ""
 

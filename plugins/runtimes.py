@@ -5,20 +5,56 @@ A rule or a stage asks a :class:`Runtime` what it needs (``runtime.sharded``,
 Adding a runtime is adding one entry to :data:`RUNTIMES` (``builders.spec`` takes the spec's
 ``runtime`` choices from it) plus its engine builder and its ``tensorrt_llm`` model template.
 
-The portable runtime's fixed continuous-batching choices (:data:`PORTABLE_RUNTIME_CHOICES`) and
-the one KV-slot rule (:func:`kv_slots`) live here too: the plan, the repository generator and
-the served model all take them from this module.
+The one KV-slot rule (:func:`kv_slots`) lives here too: the plan, the repository generator and the
+served model take it from this module. The portable runtime's fixed choices
+(:data:`PORTABLE_RUNTIME_CHOICES`) are the served models' own table (``trtpipe_runtime.params``), read
+here for the registry.
 
-Sources: TensorRT-LLM 1.2.1's Triton backend (``triton_backend/scripts/launch_triton_server.py``:
-leader-mode mpirun, one ``tritonserver`` per rank, ``shm-region-prefix-name`` per rank, ranks
-other than 0 load only ``tensorrt_llm``) and ``all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt``
-(``max_tokens_in_paged_kv_cache``).
+How each launcher's command line is built: model_repo.launch. Source of the KV-slot parameter: TensorRT-LLM
+1.2.1's Triton backend ``all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt`` (``max_tokens_in_paged_kv_cache``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Literal, Optional
+
+from trtpipe_runtime.params import PORTABLE_RUNTIME_CHOICES  # noqa: F401 (the plan and generator read it here)
+from trtpipe_runtime.versions import release
+
+
+@dataclass(frozen=True)
+class Releases:
+    """The TensorRT-LLM releases a runtime works with.
+
+    Attributes:
+        first: the oldest, (major, minor, patch).
+        last_minor: the newest (major, minor) it works with; None: every later release.
+        why: one clause on the bound.
+    """
+
+    first: tuple[int, int, int]
+    last_minor: Optional[tuple[int, int]] = None
+    why: str = ""
+
+    @property
+    def first_text(self) -> str:
+        """``first`` as a version string: ``"1.2.1"``."""
+        return ".".join(map(str, self.first))
+
+    def admits(self, version: str) -> bool:
+        """Whether TensorRT-LLM ``version`` (a version string; pre-releases count as their release) is one."""
+        got = release(version)
+        return got >= self.first and (self.last_minor is None or got[:2] <= self.last_minor)
+
+    def text(self) -> str:
+        """``"1.2.x only (why)"`` or ``"1.2.1 and later (why)"``."""
+        if self.last_minor is not None:
+            span = f"{'.'.join(map(str, self.last_minor))}.x only" if self.last_minor == self.first[:2] else \
+                f"{self.first_text} to {'.'.join(map(str, self.last_minor))}.x"
+        else:
+            span = f"{self.first_text} and later"
+        return f"{span} ({self.why})" if self.why else span
 
 
 @dataclass(frozen=True)
@@ -43,9 +79,14 @@ class Runtime:
         engine_config: the file in the engine folder that records its limits.
         decoupled_only: answers through decoupled response senders only.
         settings: fixed ``tensorrt_llm`` model parameters of this runtime, (name, value, reason).
-        tensorrt_llm_versions: the TensorRT-LLM releases this path works with (the engine path, trtllm-build and
-            TensorRT-LLM checkpoints, is in 1.2.x only: removed from 1.3, docs/source/legacy/tensorrt-backend-removal.md;
-            the LLM API over HF checkpoints from 1.2.1 on).
+        tensorrt_llm: the TensorRT-LLM releases this path works with, None where it needs none (the engine path,
+            trtllm-build and TensorRT-LLM checkpoints, is in 1.2.x only: removed from 1.3,
+            docs/source/legacy/tensorrt-backend-removal.md; the LLM API over HF checkpoints from 1.2.1 on).
+        llm_api: TensorRT-LLM's LLM API (PyTorch backend) loads the HF checkpoint: an LLM-API options file
+            (llm_api_options.yaml), and the LLM API's speculative and guided decoding.
+        openai_server: the program of its own OpenAI-compatible server ("" where it has none).
+        host_kv_tier: its KV cache manager can offload blocks to host memory (TensorRT-LLM's has).
+        predicted: aiconfigurator's database models its performance.
     """
 
     name: str
@@ -59,33 +100,28 @@ class Runtime:
     engine_config: str = "engine.json"
     decoupled_only: bool = False
     settings: tuple[tuple[str, str, str], ...] = field(default=())
-    tensorrt_llm_versions: str = ""
+    tensorrt_llm: Optional[Releases] = None
+    llm_api: bool = False
+    openai_server: str = ""
+    host_kv_tier: bool = True
+    predicted: bool = True
 
+    @property
+    def tensorrt_llm_versions(self) -> str:
+        """The releases as prose for the plan and the docs (from :attr:`tensorrt_llm`)."""
+        return self.tensorrt_llm.text() if self.tensorrt_llm else "none needed (transformers serves it)"
 
-PORTABLE_RUNTIME_CHOICES: tuple[tuple[str, str, str], ...] = (
-    ("cuda_graph_mode", "auto", "transformers decides whether to capture CUDA graphs"),
-    ("async_batching", "false", "the per-request sampling processors need synchronous batching"),
-    ("library_defaults", "false", "the planner's sizes (KV pool, blocks, batch token budget), not transformers' own"),
-    ("engine_process", "true", "the generation loop runs in its own process (engine_worker.py), not in the stub's "
-     "interpreter; false runs it in the stub"),
-    ("engine_python", "", "the worker's python; empty: one of the stub's Python version"),
-    ("sdpa_backends", "flash,mem_efficient,math", "every attention kernel but cuDNN's (its per-shape plans slow "
-     "each new batch shape); 'auto' leaves the choice to torch"),
-    ("response_dispatch", "thread", "with engine_process false: a dispatcher thread sends responses ('inline': the "
-     "generation thread does)"),
-)
-"""The portable runtime's fixed choices, written into plan.json and the tensorrt_llm model's config.pbtxt.
-Measurements behind them: docs/benchmarks/h200.md."""
 
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime("pytorch", checkpoint_formats=("hf_unified",), engine="pytorch", template="tensorrt_llm_pytorch",
             sharded=False, image="project", decoupled_only=True, settings=PORTABLE_RUNTIME_CHOICES,
-            tensorrt_llm_versions="none needed (transformers serves it)"),
+            host_kv_tier=False, predicted=False),
     Runtime("trtllm", checkpoint_formats=("trtllm",), engine="trtllm-build", template="tensorrt_llm_trtllm",
             sharded=True, builds_trt_engine=True, launcher="mpirun", engine_config="config.json",
-            tensorrt_llm_versions="1.2.x only (trtllm-build and the C++ backend are removed from 1.3)"),
+            tensorrt_llm=Releases((1, 2, 1), (1, 2), "trtllm-build and the C++ backend are removed from 1.3")),
     Runtime("trtllm-llmapi", checkpoint_formats=("hf_unified",), engine="llmapi", template="tensorrt_llm_llmapi",
-            sharded=True, tensorrt_llm_versions="1.2.1 and later (the PyTorch backend, TensorRT-LLM's only one from 1.3)"),
+            sharded=True, llm_api=True, openai_server="trtllm-serve",
+            tensorrt_llm=Releases((1, 2, 1), None, "the PyTorch backend, TensorRT-LLM's only one from 1.3")),
 )}
 """Every runtime by name; the spec's ``runtime`` choices."""
 
@@ -110,25 +146,3 @@ def kv_slots(max_batch_size: int, max_seq_len: int, cap: Optional[int] = None,
         return pool_tokens, ("plan: memory.kv.capacity_tokens (serving.kv_cache_free_gpu_mem_fraction of the GPU "
                              "memory left after weights and activations)")
     return max_batch_size * max_seq_len, "plan: max_batch_size x max_seq_len (every slot can hold a full sequence)"
-
-
-def leader_mode_argv(world_size: int, model_repo: str, *, http_port, grpc_port, metrics_port,
-                     address: str = "127.0.0.1", tritonserver: str = "tritonserver",
-                     llm_model: str = "tensorrt_llm") -> list[str]:
-    """The ``mpirun`` launcher: ``mpirun -n 1 tritonserver ... : -n 1 tritonserver ...``, one rank per GPU.
-
-    Each rank gets its own Python-backend shared-memory prefix; ranks other than 0 load only the
-    ``tensorrt_llm`` model (explicit model control), as TensorRT-LLM's ``launch_triton_server.py`` does.
-    """
-    argv = ["mpirun", "--allow-run-as-root"]
-    for rank in range(world_size):
-        argv += ["-n", "1", tritonserver, f"--model-repository={model_repo}"]
-        if rank != 0:
-            argv += ["--model-control-mode=explicit", f"--load-model={llm_model}"]
-        argv += [f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
-                 f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
-                 "--disable-auto-complete-config",
-                 f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
-        if rank != world_size - 1:
-            argv.append(":")
-    return argv

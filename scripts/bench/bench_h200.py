@@ -22,7 +22,7 @@ One run (each phase a subprocess, so GPU memory is returned between them):
                static      the bench's own templates/tensorrt_llm_static: plain `generate` on static padded batches
   bandwidth  device-to-device copy bandwidth (bytes read + written).
   inproc     the same runtime called in-process with the ContinuousBatchingConfig built by the same
-             function the served model uses (model_repo.runtime_config), same prompts, closed loop;
+             function the served model uses (trtpipe_runtime.runtime_config), same prompts, closed loop;
              inproc-defaults / -nocudnn / -cudnn / -graphs: with the settings of that repository;
              inproc-asworker: `inproc` started with the python and the whole environment the served
              engine worker had (recorded by a `served` phase before it), to tell the process's set-up
@@ -144,7 +144,7 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
 
     The one function that plans and writes repositories through the product (model_repo.generate and
     the planner): plan_repository per variant, ModelPlan.set for the knobs a variant changes,
-    write_repository, and for `static` render_config / render_template_py on the bench's own template
+    write_repository, and for `static` render_config / write_python_model on the bench's own template
     (an absolute folder as ModelPlan.template: model_repo.generate joins TEMPLATES / template, which is
     then that folder). The product's templates stay as they are; the static one lives beside this file.
     """
@@ -153,8 +153,7 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
 
     from builders.plan import compute_plan, read_hf_config
     from builders.spec import load_spec
-    from model_repo.generate import (parse_config, plan_repository, render_config, render_template_py,
-                                     write_repository)
+    from model_repo.generate import parse_config, plan_repository, render_config, write_python_model, write_repository
     from plugins.targets import get_target
 
     build = load_spec(spec, target_name)
@@ -194,9 +193,8 @@ def make_repos(work: Path, engine: Path, target_name: str, sys_path: list[str], 
             text = render_config(static)
             parse_config(text, "static tensorrt_llm/config.pbtxt")
             shutil.rmtree(out / "tensorrt_llm" / "1")  # the pytorch runtime's model.py and its helpers
-            (out / "tensorrt_llm" / "1").mkdir()
+            write_python_model(str(STATIC_TEMPLATE), out / "tensorrt_llm", sys_path)
             (out / "tensorrt_llm" / "config.pbtxt").write_text(text)
-            (out / "tensorrt_llm" / "1" / "model.py").write_text(render_template_py(str(STATIC_TEMPLATE / "1" / "model.py")))
     facts["repo_tensorrt_llm_params"] = _params(work / "repo-cb")
     return facts
 
@@ -233,16 +231,17 @@ def bandwidth(device: str, gib: float) -> dict:
 def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple], seed: int,
            warmup: int = 2, on_measure=None) -> dict:
     """The served runtime's settings, called in-process: closed loop at each (isl, osl, conc, n)."""
-    from model_repo.generate import load_template_module
+    from model_repo.generate import TEMPLATES
 
     # The served runtime's own manager: engine_worker.build_manager (model, settings, sampling processors)
     # is what model.py calls in the stub or in its engine process, so in-process differs from served by
     # Triton and the ensemble only. Loaded before transformers is imported, as in the worker: its
     # bootstrap blocks TRTPIPE_STUB_BLOCK_MODULES, which transformers must not have seen as installed.
-    eng = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker")
+    sys.path.insert(0, str(TEMPLATES / "tensorrt_llm_pytorch" / "1"))  # as the stub imports the model's modules
+    import engine_worker as eng
     from transformers import AutoTokenizer
 
-    from model_repo.runtime_config import runtime_settings
+    from trtpipe_runtime.runtime_config import runtime_settings
     from pipeline.loadtest.metrics import summarize
     from pipeline.loadtest.workload import load_tokenizer, synthetic
 

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from builders.model_fetch import resolve_source
-from model_repo.generate import load_template_module
+from tests.templates import template_module
 
-sampling = load_template_module("tensorrt_llm_pytorch/1/sampling.py", "trtpipe_sampling_end_ids")
+sampling = template_module("tensorrt_llm_pytorch", "sampling")
 MODEL_END_IDS = [2, 0, 1]  # end_id 2 and two more eos ids
 
 
@@ -41,7 +41,7 @@ def preprocessing(monkeypatch):
     pb.get_input_tensor_by_name = lambda request, name: request.get(name)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
-    mod = load_template_module("preprocessing/1/model.py", "trtpipe_preprocessing_end_ids")
+    mod = template_module("preprocessing")
     model = mod.TritonPythonModel()
     params = {"tokenizer_dir": str(resolve_source("embedded:smollm2-135m-instruct")), "max_input_len": "64",
               "max_seq_len": "128", "end_id": "2", "pad_id": "2", "stop_token_ids": "0,1"}

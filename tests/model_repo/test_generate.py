@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from model_repo.generate import (ModelPlan, check_ensemble, parse_config, plan_repository, render_config,
-                                 write_repository)
+                                 runtime_package_files, write_repository)
 from plugins.errors import StageError
 from tests.conftest import REPO_ROOT
 from builders.spec import load_spec
@@ -53,7 +53,13 @@ def test_repository_configs_parse_and_name_their_sources(fake_engine, tmp_path):
     pre = (tmp_path / "repo" / "preprocessing" / "config.pbtxt").read_text()
     assert 'key: "end_id" value: { string_value: "2" }' in pre
     model_py = (tmp_path / "repo" / "tensorrt_llm" / "1" / "model.py").read_text()
-    assert "@@BOOTSTRAP@@" not in model_py and "TRTPIPE_PYTHONPATH" in model_py
+    assert "@@BOOTSTRAP@@" not in model_py and "set_up_sys_path(__file__)" in model_py
+    support = tmp_path / "repo" / "tensorrt_llm" / "1" / "trtpipe_runtime"  # what model.py imports, beside it
+    assert "TRTPIPE_PYTHONPATH" in (support / "bootstrap.py").read_text()
+    for name in configs:  # every Python-backend model folder stands alone: its own copy of the package
+        if (tmp_path / "repo" / name / "1" / "model.py").is_file():
+            assert sorted(p.name for p in (tmp_path / "repo" / name / "1" / "trtpipe_runtime").glob("*.py")) == \
+                sorted(p.name for p in runtime_package_files())
     assert json.loads((tmp_path / "repo" / "tensorrt_llm" / "sys_path.json").read_text()) == ["/site"]
 
 

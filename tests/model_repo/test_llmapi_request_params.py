@@ -2,7 +2,7 @@
 
 TensorRT-LLM is not installable here: the mapping is a pure function (request_params.py beside the
 model), tested directly. The names it emits are SamplingParams fields of tensorrt_llm/sampling_params.py
-(FIELDS below); the rendered model.py is compiled to catch template/splice errors."""
+(FIELDS below); the written model.py is compiled to catch template errors."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ import types
 
 import pytest
 
-from model_repo.generate import (PASS_OUTPUTS, TEMPLATES, load_template_module, plan_repository, render_model_py,
-                                 write_repository)
+from model_repo.generate import PASS_OUTPUTS, TEMPLATES, plan_repository, write_python_model, write_repository
 from builders.spec import load_spec
 from plugins.targets import get_target
 from tests.conftest import REPO, smollm2_tokenizer_dir, write_spec
+from tests.templates import template_module
 
 _path = TEMPLATES / "tensorrt_llm_llmapi" / "1" / "request_params.py"
 TRITON_NP = {"TYPE_INT32": "int32", "TYPE_INT64": "int64", "TYPE_FP32": "float32", "TYPE_BOOL": "bool"}
-rp = load_template_module("tensorrt_llm_llmapi/1/request_params.py", "llmapi_request_params")  # as model.py loads it
+rp = template_module("tensorrt_llm_llmapi", "request_params")  # as model.py imports it
 
 # SamplingParams fields (TensorRT-LLM 1.2.1, tensorrt_llm/sampling_params.py) this runtime may set.
 FIELDS = {"end_id", "pad_id", "max_tokens", "stop", "stop_token_ids", "bad", "bad_token_ids", "n", "best_of",
@@ -147,7 +147,8 @@ def test_llmapi_repository_carries_the_mapping_and_its_model_compiles(tmp_path):
     plan = plan_repository(build, get_target("h100"), None, tmp_path / "engine", tokenizer_dir=tok, engine_built=False)
     write_repository(plan, tmp_path / "repo")
     assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "request_params.py").read_text() == _path.read_text()
-    compile(render_model_py("tensorrt_llm_llmapi"), "model.py", "exec")
+    assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "trtpipe_runtime" / "decoding.py").is_file()
+    compile((tmp_path / "repo" / "tensorrt_llm" / "1" / "model.py").read_text(), "model.py", "exec")
     config = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
     for name in ("temperature", "runtime_top_k", "runtime_top_p", "seed", "repetition_penalty",
                  "presence_penalty", "frequency_penalty", "min_tokens", "return_log_probs", "num_return_sequences",
@@ -266,10 +267,11 @@ def llmapi_model(tmp_path, monkeypatch):
     fake.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", fake)
     monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
+    write_python_model("tensorrt_llm_llmapi", tmp_path / "tensorrt_llm", [])
     folder = tmp_path / "tensorrt_llm" / "1"
-    folder.mkdir(parents=True)
-    (folder / "model.py").write_text(render_model_py("tensorrt_llm_llmapi"))
-    shutil.copy2(_path, folder / "request_params.py")
+    sys.path.insert(0, str(folder))  # the stub imports model.py from its folder
+    for name in ("request_params", "trtpipe_runtime.triton_io"):  # the repository's copies, with this pb_utils
+        monkeypatch.delitem(sys.modules, name, raising=False)
     spec = importlib.util.spec_from_file_location("llmapi_model_under_test", folder / "model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -389,7 +391,7 @@ def test_model_reads_the_backends_words_layout(llmapi_model):
 def test_the_model_picks_the_options_file_of_its_release(llmapi_model, tmp_path):
     """llm_api_options-<release>.yaml where the generator wrote one (a release spelling an option differently) for
     that release and later ones; llm_api_options.yaml (the oldest release's) otherwise."""
-    pick_file = type(llmapi_model).execute.__globals__["_options_file"]
+    pick_file = type(llmapi_model).execute.__globals__["options_file"]
     for name in ("llm_api_options.yaml", "llm_api_options-1.4.yaml"):
         (tmp_path / name).write_text("{}\n")
     pick = {v: pick_file(str(tmp_path), v).rsplit("/", 1)[1] for v in ("1.2.1", "1.3.0rc9", "1.4.0rc4", "1.5.0")}

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from model_repo.generate import load_template_module
-from model_repo.runtime_config import SDPA_BACKENDS, apply_sdpa_backends, runtime_settings
+from tests.templates import template_module
+from trtpipe_runtime.runtime_config import SDPA_BACKENDS, apply_sdpa_backends, runtime_settings
 
 BUILD = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 256, "tokens_per_block": 16}
 KV = {"max_tokens_in_paged_kv_cache": "512"}  # the generator always writes it (plugins.runtimes.kv_slots)
@@ -52,7 +52,7 @@ def test_cuda_without_a_gpu_is_refused_where_the_model_loads(tiny_llama):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    engine = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker_test")
+    engine = template_module("tensorrt_llm_pytorch", "engine_worker")
     with pytest.raises(RuntimeError, match="sees no GPU in the process that runs the generation loop"):
         engine.build_manager(str(tiny_llama), runtime_settings(dict(KV), BUILD), "cuda", "float32")
 

@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from model_repo.generate import load_template_module, write_repository, plan_repository
+from model_repo.generate import write_repository, plan_repository
+from tests.templates import template_module
 from builders.spec import load_spec
 from plugins.targets import get_target
 from tests.conftest import smollm2_tokenizer_dir, write_spec
@@ -60,9 +61,9 @@ def test_llmapi_model_reports_missing_tensorrt_llm(monkeypatch):
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb_utils)
     monkeypatch.setitem(sys.modules, "tensorrt_llm", None)  # import fails, installed or not
     monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
-    for name in ("trtpipe_llmapi_model_test", "trtpipe_llmapi_request_params"):  # dropped again afterwards
-        monkeypatch.setitem(sys.modules, name, None)
-    model = load_template_module("tensorrt_llm_llmapi/1/model.py", "trtpipe_llmapi_model_test")
+    for name in ("tensorrt_llm_llmapi_model", "request_params"):  # dropped again afterwards
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    model = template_module("tensorrt_llm_llmapi")
     with pytest.raises(TritonModelException, match="needs TensorRT-LLM") as err:
         model.TritonPythonModel().initialize({"model_config": "{}"})
     assert "runtime: pytorch" in str(err.value) and isinstance(err.value.__cause__, ImportError)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from model_repo.generate import load_template_module
+from tests.templates import template_module
 
-sampling = load_template_module("tensorrt_llm_pytorch/1/sampling.py", "trtpipe_sampling")
+sampling = template_module("tensorrt_llm_pytorch", "sampling")
 
 PROMPT = [1, 504, 3458, 282, 4649, 314, 253, 1789, 30]
 END = (2, 0)

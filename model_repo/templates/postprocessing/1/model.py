@@ -3,7 +3,13 @@
 # Also returns NUM_OUTPUT_TOKENS, the tokens each response carries, so clients count tokens
 # from the server instead of re-tokenizing text.
 
-# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+import json as _json
+import os as _os
+import sys as _sys
+
+from trtpipe_runtime.bootstrap import set_up_sys_path
+
+set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trtpipe_runtime/bootstrap.py)
 
 import numpy as np
 import triton_python_backend_utils as pb_utils

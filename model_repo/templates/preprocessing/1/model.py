@@ -1,16 +1,18 @@
 # The `preprocessing` model: text -> token ids, with the engine's limits enforced per request
 # (TensorRT-LLM backend interface: all_models/inflight_batcher_llm/preprocessing).
 
-# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+import json as _json
+import os as _os
+import sys as _sys
+
+from trtpipe_runtime.bootstrap import set_up_sys_path
+
+set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trtpipe_runtime/bootstrap.py)
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-
-def _param(cfg, key, default=None):
-    value = cfg.get("parameters", {}).get(key, {}).get("string_value", None)
-    return default if value in (None, "") else value
-
+from trtpipe_runtime.params import param as _param
 
 # each input as its error messages name it: the client tensor of the ensemble / BLS it carries, then its own name
 FIELDS = {"QUERY": "text_input (QUERY)", "REQUEST_OUTPUT_LEN": "max_tokens (REQUEST_OUTPUT_LEN)",

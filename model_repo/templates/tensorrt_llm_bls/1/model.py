@@ -8,7 +8,13 @@
 # tensorrt_llm calls wait for their first response at once, so that Triton's BLS threads stay free for stops
 # and for the responses to clients.
 
-# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+import json as _json
+import os as _os
+import sys as _sys
+
+from trtpipe_runtime.bootstrap import set_up_sys_path
+
+set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trtpipe_runtime/bootstrap.py)
 
 import threading
 import time
@@ -16,6 +22,8 @@ import uuid
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+from trtpipe_runtime.params import param
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # client tensor -> preprocessing tensor
@@ -29,7 +37,7 @@ PRE_TO_LLM = {"INPUT_ID": "input_ids", "REQUEST_INPUT_LEN": "input_lengths", "RE
 
 
 def _param(cfg, key):
-    return cfg.get("parameters", {}).get(key, {}).get("string_value", "")
+    return param(cfg, key, "")
 
 
 def _check_inputs(request):

@@ -11,10 +11,14 @@
 # stop/bad words) are mapped onto SamplingParams by request_params.py beside this file; each response
 # names its sequence (sequence_index), and an option the runtime cannot honour fails that request only.
 
-# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+import os as _os
+import sys as _sys
+
+from trtpipe_runtime.bootstrap import set_up_sys_path
+
+set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trtpipe_runtime/bootstrap.py)
 
 import asyncio
-import importlib.util
 import json
 import threading
 import time
@@ -22,12 +26,13 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-_spec = importlib.util.spec_from_file_location("trtpipe_llmapi_request_params", _os.path.join(
-    _os.path.dirname(_os.path.abspath(__file__)), "request_params.py"))
-request_params = _sys.modules["trtpipe_llmapi_request_params"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(request_params)
+import request_params
+from trtpipe_runtime.params import param as _param
+from trtpipe_runtime.triton_io import FINAL, opt_scalar as _opt_scalar, output_dtypes as _output_dtypes
+from trtpipe_runtime.triton_io import perf_tensors as _perf_tensors, prompt_ids as _prompt_ids, words as _words
+from trtpipe_runtime.versions import options_file
 
-# @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
+
 def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None, logits=None):
     """One response; ``logits`` maps context_logits / generation_logits to float32 arrays when asked for."""
     out = [pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
@@ -58,24 +63,6 @@ def _perf_values(times, metrics):
             "acceptance_rate": float(getattr(spec, "acceptance_rate", 0.0) or 0.0),
             "total_accepted_draft_tokens": int(getattr(spec, "total_accepted_draft_tokens", 0) or 0),
             "total_draft_tokens": int(getattr(spec, "total_draft_tokens", 0) or 0)}
-
-
-def _release(text):
-    """(major, minor) of a version string: "1.4.0rc4" -> (1, 4)."""
-    parts = [int("".join(c for c in p if c.isdigit()) or 0) for p in text.split(".")[:2]]
-    return tuple(parts + [0] * (2 - len(parts)))
-
-
-def _options_file(folder, version):
-    """llm_api_options-<release>.yaml of the newest release not newer than ``version``, else llm_api_options.yaml
-    (the generator writes a per-release file only where a release spells an option differently)."""
-    best, path = None, _os.path.join(folder, "llm_api_options.yaml")
-    for name in sorted(_os.listdir(folder)):
-        if name.startswith("llm_api_options-") and name.endswith(".yaml"):
-            release = _release(name[len("llm_api_options-"):-len(".yaml")])
-            if release <= _release(version) and (best is None or release > best):
-                best, path = release, _os.path.join(folder, name)
-    return path
 
 
 def _array(value):
@@ -115,7 +102,7 @@ class TritonPythonModel:
         import tensorrt_llm
         import yaml
 
-        path = _options_file(_os.path.dirname(_os.path.abspath(__file__)), tensorrt_llm.__version__)
+        path = options_file(_os.path.dirname(_os.path.abspath(__file__)), tensorrt_llm.__version__)
         pb_utils.Logger.log_info(f"TensorRT-LLM {tensorrt_llm.__version__}: LLM-API options from {path}")
         with open(path) as fh:
             options = yaml.safe_load(fh) or {}

@@ -3,11 +3,9 @@
 # Triton or numpy import, so tests call it directly (tests/model_repo/test_llmapi_request_params.py).
 #
 # The request inputs use the TensorRT-LLM backend's names (model_repo.generate.RUNTIME_INPUTS); the
-# rules are the portable runtime's (tensorrt_llm_pytorch/1/sampling.py), so a request decodes the
-# same way on every runtime:
-#   greedy unless top_k > 1, or top_k unset (0) with top_p > 0, is sent (TensorRT-LLM's rule: top_k 0 and
-#   top_p 0 mean greedy, so temperature alone does not sample); temperature == 0 is greedy. Greedy is
-#   SamplingParams(top_k=1); sampling passes temperature, top_k and top_p as sent.
+# validation and the greedy rule are every runtime's (trtpipe_runtime.decoding), so a request decodes the
+# same way on every runtime. Greedy is SamplingParams(top_k=1); sampling passes temperature, top_k and
+# top_p as sent.
 #   seed -> seed; repetition/presence/frequency_penalty as they are; min_tokens;
 #   return_log_probs -> logprobs=1 (the sampled token's log probability); return_context_logits and
 #   return_generation_logits as they are; embedding_bias (a float per token id) -> embedding_bias;
@@ -20,12 +18,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from trtpipe_runtime.decoding import DecodingError, decoding
 
-class RequestOptionError(ValueError):
-    """A request input this runtime cannot honour (sent back to that request only)."""
+
+RequestOptionError = DecodingError  # a request input this runtime cannot honour (sent back to that request only)
 
 
 @dataclass
@@ -40,13 +38,6 @@ class RequestOptions:
     context_logits: bool = False
     generation_logits: bool = False
     embedding_bias: list | None = None  # floats, one per token id (the model makes the torch tensor)
-
-
-def _finite(name, value):
-    value = float(value)
-    if not math.isfinite(value):
-        raise RequestOptionError(f"{name} = {value}: must be a finite number")
-    return value
 
 
 def _words(kind: str, words, decode) -> dict:
@@ -91,16 +82,8 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
     if pad_id is not None or end_id is not None:
         kw["pad_id"] = int(pad_id if pad_id is not None else end_id)
 
-    temperature, top_k, top_p = get("temperature"), get("runtime_top_k"), get("runtime_top_p")
-    if temperature is not None and (_finite("temperature", temperature) < 0):
-        raise RequestOptionError(f"temperature = {temperature}: must be >= 0 (0 means greedy)")
-    if top_k is not None and int(top_k) < 0:
-        raise RequestOptionError(f"top_k = {top_k}: must be >= 0 (0 means no limit, 1 means greedy)")
-    if top_p is not None and not (0.0 <= _finite("top_p", top_p) <= 1.0):
-        raise RequestOptionError(f"top_p = {top_p}: must be in [0, 1] (0 means unset)")
-    k = int(top_k) if top_k is not None else 0
-    sampling_asked = k > 1 or (k == 0 and top_p is not None and top_p > 0)
-    greedy = not sampling_asked or (temperature is not None and temperature == 0)
+    d = decoding(get, max_new_tokens=max_new_tokens, embedding_bias=embedding_bias, vocab_size=vocab_size)
+    temperature, k, top_p, greedy = d.temperature, d.top_k, d.top_p, d.greedy
 
     beam_width = int(get("beam_width") or 1)
     if beam_width < 1 or beam_width > max_beam_width:
@@ -138,44 +121,24 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
     elif temperature is not None and temperature > 0:
         kw["temperature"] = float(temperature)
 
-    seed = get("seed")
-    if seed is not None:
-        kw["seed"] = int(seed)
-    rep = get("repetition_penalty")
-    if rep is not None:
-        if _finite("repetition_penalty", rep) <= 0:
-            raise RequestOptionError(f"repetition_penalty = {rep}: must be > 0 (1.0 means none)")
-        kw["repetition_penalty"] = float(rep)
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = get(name)
-        if value is not None:
-            kw[name] = _finite(name, value)
-    min_tokens = get("min_tokens")
-    if min_tokens is not None:
-        if int(min_tokens) < 0:
-            raise RequestOptionError(f"min_tokens = {min_tokens}: must be >= 0")
-        if int(min_tokens) > max_new_tokens:
-            raise RequestOptionError(f"min_tokens = {min_tokens} exceeds max_tokens = {max_new_tokens}: lower "
-                                     "min_tokens or raise max_tokens")
-        if int(min_tokens) > 0:
-            kw["min_tokens"] = int(min_tokens)
-    log_probs = bool(get("return_log_probs") or False)
+    if d.seed is not None:
+        kw["seed"] = d.seed
+    for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
+        if getattr(d, name) is not None:
+            kw[name] = getattr(d, name)
+    if d.min_tokens > 0:
+        kw["min_tokens"] = d.min_tokens
+    log_probs = d.return_log_probs
     if log_probs:
         kw["logprobs"] = 1
     kw.update(_words("stop", list(stop_words), decode))
     kw.update(_words("bad", list(bad_words), decode))
     flags = {name: bool(get(f"return_{name}") or False) for name in ("context_logits", "generation_logits")}
     kw.update({f"return_{name}": True for name, on in flags.items() if on})
-    bias = [float(b) for b in (embedding_bias if embedding_bias is not None else [])]
-    if vocab_size is not None and len(bias) > vocab_size:
-        raise RequestOptionError(f"embedding_bias has {len(bias)} entries, above the model's vocab_size "
-                                 f"{vocab_size}: send at most one per token id")
-    if not all(math.isfinite(b) for b in bias):
-        raise RequestOptionError("embedding_bias holds a value that is not a finite number")
     exclude = get("exclude_input_in_output")
     return RequestOptions(sampling=kw, num_sequences=n, beam_search=beam,
                           exclude_input=exclude_input_default if exclude is None else bool(exclude),
-                          return_log_probs=log_probs, embedding_bias=bias if any(bias) else None, **flags)
+                          return_log_probs=log_probs, embedding_bias=d.embedding_bias, **flags)
 
 
 def sampled_log_probs(entries, tokens) -> list:

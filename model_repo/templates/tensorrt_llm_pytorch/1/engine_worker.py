@@ -17,23 +17,25 @@
 #                   ("kv", free_blocks or None)
 # The worker exits when the stub's end of the socket closes (the stub died or stopped).
 
-# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
-# @@RUNTIME_CONFIG@@ (replaced at package time by model_repo/runtime_config.py: the CB settings)
+import json as _json
+import os as _os
+import sys as _sys
 
-import importlib.util
+from trtpipe_runtime.bootstrap import set_up_sys_path
+
+set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trtpipe_runtime/bootstrap.py)
+
 import threading
 import traceback
 
+from trtpipe_runtime.runtime_config import apply_sdpa_backends, continuous_batching_config
+
 
 def load_sampling():
-    """sampling.py beside this file, as the module trtpipe_sampling (one copy per process)."""
-    if "trtpipe_sampling" in _sys.modules:
-        return _sys.modules["trtpipe_sampling"]
-    spec = importlib.util.spec_from_file_location("trtpipe_sampling", _os.path.join(_os.path.dirname(
-        _os.path.abspath(__file__)), "sampling.py"))
-    module = _sys.modules["trtpipe_sampling"] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """sampling.py beside this file (imported on first use: it imports torch and transformers)."""
+    import sampling
+
+    return sampling
 
 
 def build_manager(engine_dir, settings, device, dtype_name):

@@ -14,28 +14,32 @@
 # request (each response names its sequence_index); beam search is refused. The batching settings
 # (KV pool, block size, batch token budget, cuda_graph_mode, library_defaults: transformers' own
 # sizing instead, sdpa_backends: the attention kernels torch may pick) are config.pbtxt parameters,
-# read by runtime_settings (model_repo/runtime_config.py, spliced in below).
+# read by trtpipe_runtime.runtime_config.runtime_settings.
 
-# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
-# @@RUNTIME_CONFIG@@ (replaced at package time by model_repo/runtime_config.py: the CB settings)
+import json as _json
+import os as _os
+import sys as _sys
+
+from trtpipe_runtime.bootstrap import set_up_sys_path
+
+set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trtpipe_runtime/bootstrap.py)
 
 import collections
 import threading
 import time
 import uuid
 
-import importlib.util
-
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-_WORKER_PY = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "engine_worker.py")
-_spec = importlib.util.spec_from_file_location("trtpipe_engine_worker", _WORKER_PY)
-engine = _sys.modules["trtpipe_engine_worker"] = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(engine)
-sampling = engine.load_sampling()
+import engine_worker as engine
+import sampling
+from trtpipe_runtime.params import choice, param as _param
+from trtpipe_runtime.runtime_config import runtime_settings
+from trtpipe_runtime.triton_io import FINAL, opt_scalar as _opt_scalar, output_dtypes as _output_dtypes
+from trtpipe_runtime.triton_io import perf_tensors as _perf_tensors, words as _words
 
-# @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
+_WORKER_PY = engine.__file__
 
 
 def _row(arr, b, batch):
@@ -316,14 +320,14 @@ class TritonPythonModel:
             setattr(self, key, self.settings[key])
         device = _param(cfg, "device", "cpu")
         dtype = _param(cfg, "runtime_dtype", "float32")
-        self.engine_process = _param(cfg, "engine_process", "true") == "true"
+        self.engine_process = choice(cfg, "engine_process") == "true"
         self.vocab_size = int(self.engine["pretrained_config"]["vocab_size"])
         self.requests = {}
         self.early_stops = {}  # request id -> when a stop for it matched nothing (the request may still come)
         if self.engine_process:  # the generation loop in its own process (engine_worker.py)
             self.table = sampling.RequestTable()  # here: each request's options, seed and log probs
             self.manager = _EngineProcess(self, engine_dir, self.settings, device, dtype,
-                                          _param(cfg, "engine_python", ""))
+                                          choice(cfg, "engine_python"))
             info = self.manager.info
         else:
             self.manager, self.table, info = engine.build_manager(engine_dir, self.settings, device, dtype)
@@ -357,7 +361,7 @@ class TritonPythonModel:
     def _start_routing(self, cfg):
         """Route the manager's per-step outputs (dispatcher thread, inline, or the engine process's
         receiver), start the manager and the housekeeping thread."""
-        self.dispatch = "engine process" if self.engine_process else _param(cfg, "response_dispatch", "thread")
+        self.dispatch = "engine process" if self.engine_process else choice(cfg, "response_dispatch")
         if not self.engine_process:  # (with engine_process, _EngineProcess's receiver thread routes)
             router = getattr(self.manager, "output_router", None)
             if router is None or not hasattr(router, "deliver_batch"):

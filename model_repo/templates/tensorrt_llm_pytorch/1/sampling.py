@@ -25,7 +25,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 import threading
 from abc import abstractmethod
@@ -34,14 +33,15 @@ from dataclasses import dataclass, field
 import torch
 from transformers.generation.continuous_batching.cb_logits_processors import ContinuousBatchingLogitsProcessor
 
+from trtpipe_runtime.decoding import DecodingError, decoding, request_end_ids  # noqa: F401 (request_end_ids: model.py)
+
 HANDLE_KWARG = "trtpipe_handle"
 # The library's warpers exist only if these are non-default when the manager is created; every
 # request then passes its own values, so these never apply to a request.
 CREATION_DEFAULTS = {"do_sample": False}  # the library argmaxes; SamplerProcessor draws sampled rows
 
 
-class SamplingError(ValueError):
-    """A sampling option the request cannot have (sent back to that request only)."""
+SamplingError = DecodingError  # a decoding option the request cannot have (sent back to that request only)
 
 
 @dataclass
@@ -74,73 +74,30 @@ class SamplingParams:
                                                       or self.bad_words)
 
 
-def request_end_ids(end_id, default_end_ids) -> list:
-    """The ids a request ends on: the model's (generation_config.json's eos list) when the client sends no
-    end_id or one of them (Llama 3 ends turns on several: naming one keeps the others); the client's alone when
-    it sends another id (a deliberate choice, e.g. one never generated so that the output runs to max_tokens)."""
-    defaults = [int(t) for t in default_end_ids]
-    if end_id is None:
-        return defaults
-    end_id = int(end_id)
-    return ([end_id] + [t for t in defaults if t != end_id]) if end_id in defaults else [end_id]
-
-
 def parse_params(get, *, end_ids, max_new_tokens: int, bad_words=(), embedding_bias=None,
                  vocab_size: int | None = None) -> SamplingParams:
-    """Validate a request's options. ``get(name)`` returns the scalar input or None when absent.
+    """A request's options as this runtime's SamplingParams. ``get(name)`` returns the scalar input or None when
+    absent; ``bad_words`` are token-id lists (bad_words_list); ``embedding_bias`` is the embedding_bias input
+    (float per token id), at most ``vocab_size`` long. The validation and the greedy rule are every runtime's
+    (trtpipe_runtime.decoding); the seed is folded into torch.Generator's non-negative 63-bit range.
 
-    Greedy unless top_k > 1, or top_k unset (0) with top_p > 0, is sent; temperature == 0 is greedy too.
-    That is TensorRT-LLM's rule (regularizeTopKTopP in its sampling kernels: top_k 0 and top_p 0, the
-    defaults, mean greedy; top_k > 0 with top_p 0 means top_p 1), so temperature alone does not sample,
-    as with the C++ backend and the LLM API. ``bad_words`` are token-id lists (bad_words_list);
-    ``embedding_bias`` is the embedding_bias input (float per token id; zeros and an empty one mean none),
-    at most ``vocab_size`` long.
+    Raises:
+        SamplingError: an option out of range (trtpipe_runtime.decoding.DecodingError).
     """
-    p = SamplingParams(end_ids=tuple(end_ids))
+    d = decoding(get, max_new_tokens=max_new_tokens, embedding_bias=embedding_bias, vocab_size=vocab_size)
+    p = SamplingParams(greedy=d.greedy, top_k=d.top_k, min_tokens=d.min_tokens, end_ids=tuple(end_ids),
+                       return_log_probs=d.return_log_probs)
     p.bad_words = tuple(tuple(int(t) for t in w) for w in bad_words if len(w))
-    if embedding_bias is not None and len(embedding_bias):
-        bias = [float(b) for b in embedding_bias]
-        if vocab_size is not None and len(bias) > vocab_size:
-            raise SamplingError(f"embedding_bias has {len(bias)} entries, above the model's vocab_size "
-                                f"{vocab_size}: send at most one per token id")
-        if not all(math.isfinite(b) for b in bias):
-            raise SamplingError("embedding_bias holds a value that is not a finite number")
-        p.embedding_bias = {i: b for i, b in enumerate(bias) if b}
-    temperature, top_k, top_p = get("temperature"), get("runtime_top_k"), get("runtime_top_p")
-    if temperature is not None:
-        if not math.isfinite(temperature) or temperature < 0:
-            raise SamplingError(f"temperature = {temperature}: must be >= 0 (0 means greedy)")
-        p.temperature = float(temperature)
-    if top_k is not None:
-        if top_k < 0:
-            raise SamplingError(f"top_k = {top_k}: must be >= 0 (0 means no limit, 1 means greedy)")
-        p.top_k = int(top_k)
-    if top_p is not None:
-        if not (0.0 <= top_p <= 1.0):
-            raise SamplingError(f"top_p = {top_p}: must be in [0, 1] (0 means unset)")
-        p.top_p = float(top_p) if top_p > 0 else 1.0
-    sampling_asked = p.top_k > 1 or (p.top_k == 0 and top_p is not None and top_p > 0)
-    p.greedy = not sampling_asked or (temperature is not None and temperature == 0)
-    seed = get("seed")
-    if seed is not None:
-        p.seed = int(seed) & 0x7FFF_FFFF_FFFF_FFFF
+    p.embedding_bias = {i: b for i, b in enumerate(d.embedding_bias or ()) if b}
+    if d.temperature is not None:
+        p.temperature = d.temperature
+    if d.top_p is not None:
+        p.top_p = d.top_p if d.top_p > 0 else 1.0
+    if d.seed is not None:
+        p.seed = d.seed & 0x7FFF_FFFF_FFFF_FFFF
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
-        value = get(name)
-        if value is not None:
-            if not math.isfinite(value):
-                raise SamplingError(f"{name} = {value}: must be a finite number")
-            setattr(p, name, float(value))
-    if p.repetition_penalty <= 0:
-        raise SamplingError(f"repetition_penalty = {p.repetition_penalty}: must be > 0 (1.0 means none)")
-    min_tokens = get("min_tokens")
-    if min_tokens is not None:
-        if min_tokens < 0:
-            raise SamplingError(f"min_tokens = {min_tokens}: must be >= 0")
-        if min_tokens > max_new_tokens:
-            raise SamplingError(f"min_tokens = {min_tokens} exceeds max_tokens = {max_new_tokens}: "
-                                "lower min_tokens or raise max_tokens")
-        p.min_tokens = int(min_tokens)
-    p.return_log_probs = bool(get("return_log_probs") or False)
+        if getattr(d, name) is not None:
+            setattr(p, name, getattr(d, name))
     p.return_generation_logits = bool(get("return_generation_logits") or False)
     return p
 

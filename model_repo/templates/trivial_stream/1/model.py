@@ -4,7 +4,13 @@
 # interleave instead of queueing behind each other. An optional per-step delay (token_delay_us)
 # gives the stream a pace; 0 means as fast as the server can send.
 
-# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+import json as _json
+import os as _os
+import sys as _sys
+
+from trtpipe_runtime.bootstrap import set_up_sys_path
+
+set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trtpipe_runtime/bootstrap.py)
 
 import queue
 import threading
@@ -13,14 +19,8 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
-
-
-def _scalar(request, name, default):
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    if t is None or t.as_numpy().size == 0:
-        return default
-    return t.as_numpy().reshape(-1)[0].item()
+from trtpipe_runtime.triton_io import FINAL, opt_scalar as _scalar, output_dtypes as _output_dtypes
+from trtpipe_runtime.triton_io import perf_tensors as _perf_tensors
 
 
 class _State:

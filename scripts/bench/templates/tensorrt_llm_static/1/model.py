@@ -7,7 +7,12 @@
 # one final response with all its tokens. Requests that arrive meanwhile wait for the next batch.
 # Same tensors as the `pytorch` runtime, so the ensemble and the load tester do not change.
 
-# @@BOOTSTRAP@@ (replaced at package time by templates/_bootstrap.py: sys.path set-up)
+import json as _json
+import os as _os
+
+from trtpipe_runtime.bootstrap import set_up_sys_path
+
+set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trtpipe_runtime/bootstrap.py)
 
 import queue
 import threading
@@ -16,7 +21,8 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-# @@REQUEST_HELPERS@@ (replaced at package time by templates/_request_helpers.py)
+from trtpipe_runtime.params import param as _param
+from trtpipe_runtime.triton_io import FINAL, opt_scalar as _opt_scalar, prompt_ids as _prompt_ids
 
 
 class TritonPythonModel:

@@ -1,17 +1,11 @@
-# Continuous-batching settings of the portable `pytorch` runtime: ONE function used by the served
-# model (spliced into tensorrt_llm_pytorch/1/model.py at package time, which cannot import the
-# project) and by anything that drives the same runtime in-process (scripts/bench/bench_h200.py), so
-# both run with exactly the same ContinuousBatchingConfig. Standard library + transformers only.
+"""The portable ``pytorch`` runtime's continuous-batching settings, from the ``tensorrt_llm`` model's parameters.
 
+One function for the served model (tensorrt_llm_pytorch/1/model.py and engine_worker.py) and for anything that
+drives the same runtime in-process (scripts/bench/bench_h200.py), so both run with exactly the same
+ContinuousBatchingConfig. Standard library at import; transformers and torch inside the functions that need them.
+"""
 
-def _flag(value, default=None):
-    """'true'/'false'/'auto'/'' (from a config.pbtxt string parameter) -> True/False/None."""
-    if value is None:
-        return default
-    text = str(value).strip().lower()
-    if text in ("", "auto", "none", "default"):
-        return default
-    return text in ("1", "true", "yes", "on")
+from .params import flag as _flag
 
 
 def runtime_settings(params, build_config):
