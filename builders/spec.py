@@ -249,6 +249,12 @@ class ServingConfig(_Strict):
     """Port of the OpenAI-compatible frontend ``trtpipe serve`` starts beside tritonserver (``/v1``)."""
 
 
+def default_port(name: str) -> int:
+    """The default of ``serving.<name>`` (http_port, grpc_port, metrics_port, openai_port): the one place ports
+    default, for every launcher and client that runs without a build file."""
+    return ServingConfig.model_fields[name].default
+
+
 class QualityGate(_Strict):
     max_perplexity_delta_pct: Optional[float] = Field(None, ge=0)
     """Fail the build when quantized perplexity exceeds the source's by more than this percentage."""

@@ -27,7 +27,7 @@ from builders.model_fetch import copy_tokenizer
 from builders.plan import Plan
 from builders.spec import LimitsConfig
 from model_repo.generate import plan_repository, write_repository
-from plugins.runtimes import leader_mode_argv
+from model_repo.launch import leader_mode_argv
 
 BUNDLE_VAR = "@BUNDLE@"
 WORKERS_VAR = "@WORKERS@"
@@ -54,7 +54,7 @@ def _argv_to_sh(argv: list[str], indent: str = "    ") -> str:
 
 
 def render_script(*, name: str, target: str, planned_dir: Path, world_size: int, build_argv: list[str],
-                  serve: list[str], limits: LimitsConfig, ports: tuple[int, int, int] = (8000, 8001, 8002)) -> str:
+                  serve: list[str], limits: LimitsConfig, ports: tuple[int, int, int]) -> str:
     """The text of ``build_and_serve.sh``."""
     limits = json.dumps(limits.engine_limits(), sort_keys=True)
     build_cmd = _argv_to_sh(build_argv[1:])

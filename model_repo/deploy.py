@@ -42,9 +42,13 @@ import yaml
 
 from builders.engine_trtllm import TRTLLM_VERSION
 from builders.layout import build_dir
+from builders.spec import default_port
 from model_repo.bundle import SCRIPT_NAME
 from model_repo.upstream_llmapi import config_pbtxt
-from plugins.runtimes import RUNTIMES, Runtime, leader_mode_argv
+from model_repo.launch import (TRTLLM_SERVE_HEALTH, TRTLLM_SERVE_OPTIONS_FILE, frontend_argv, server_argv,
+                               trtllm_serve_argv)
+from plugins.runtimes import RUNTIMES, Runtime
+from trtpipe_runtime import versions
 
 # TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag: the "Container Name: trtllm-python-py3"
 # table of NVIDIA's Triton compatibility matrix, docs/introduction/compatibility.md of
@@ -73,13 +77,17 @@ def triton_image(trtllm_version: str = TRTLLM_VERSION) -> str:
         f"ships TensorRT-LLM {trtllm_version} (NVIDIA's Triton compatibility matrix)}}")
 
 
+def project_image() -> str:
+    """The image with this project's Python stack (the portable runtime, the OpenAI frontend): the user's, named by
+    PYTORCH_IMAGE_VAR (compose's ``${VAR:?message}`` form)."""
+    return (f"${{{PYTORCH_IMAGE_VAR}:?set {PYTORCH_IMAGE_VAR} to an image with tritonserver (Python backend) and "
+            "this project's pinned Python packages (transformers 5.24, torch 2.13, numpy<2): the NGC TRT-LLM "
+            "image does not carry them}")
+
+
 def runtime_image(runtime: Runtime, trtllm_version: str = TRTLLM_VERSION) -> str:
     """The image a runtime is served from (its ``image`` trait; see the module docstring)."""
-    if runtime.image == "project":
-        return (f"${{{PYTORCH_IMAGE_VAR}:?set {PYTORCH_IMAGE_VAR} to an image with tritonserver (Python backend) and "
-                "this project's pinned Python packages (transformers 5.24, torch 2.13, numpy<2): the NGC TRT-LLM "
-                "image does not carry them}")
-    return triton_image(trtllm_version)
+    return project_image() if runtime.image == "project" else triton_image(trtllm_version)
 
 
 @dataclass(frozen=True)
@@ -103,15 +111,15 @@ class DeploymentPlan:
     environment: dict = field(default_factory=dict)
     reasons: dict = field(default_factory=dict)
     trtllm_serve: list[str] = field(default_factory=list)
+    """The ``trtllm-serve`` alternative to ``command`` (runtime trtllm-llmapi; empty for the others)."""
     openai: list[str] = field(default_factory=list)
     """The OpenAI-compatible frontend's command (pipeline.openai_frontend) beside tritonserver; empty: none."""
-    openai_port: int = 9000
+    openai_port: int = default_port("openai_port")
     frontend_image: str = ""
     """The project's image (the frontend needs this project's Python packages)."""
     later_options: dict = field(default_factory=dict)
     """Release -> options file for the later TensorRT-LLM releases that spell an option differently
     (builders.llmapi_options.options_files; empty when one file serves every release)."""
-    """The ``trtllm-serve`` alternative to ``command`` (runtime trtllm-llmapi; empty for the others)."""
     upstream_model_yaml: dict = field(default_factory=dict)
     """``model.yaml`` for upstream's Triton LLM-API model (runtime trtllm-llmapi): the LLM-API options with ``model``,
     ``backend`` and ``triton_config`` (``max_batch_size``, ``decoupled``), as ``all_models/llmapi`` reads it
@@ -162,18 +170,13 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
         env = {"ADDRESS": "0.0.0.0", "HTTP_PORT": str(sv.http_port), "GRPC_PORT": str(sv.grpc_port),
                "METRICS_PORT": str(sv.metrics_port)}
         reasons["command"] = "bundle/build_and_serve.sh: trtllm-build in the container on first start, then serve"
-    elif mpi:
-        # The container listens on all interfaces: the pod/compose network is the boundary.
-        cmd = leader_mode_argv(world, f"{mount}/model_repo", http_port=sv.http_port, grpc_port=sv.grpc_port,
-                         metrics_port=sv.metrics_port, address="0.0.0.0")
-        reasons["command"] = f"leader-mode mpirun, one tritonserver rank per GPU (world_size {world})"
     else:
-        cmd = ["tritonserver", f"--model-repository={mount}/model_repo", "--http-address=0.0.0.0",
-               "--grpc-address=0.0.0.0", "--metrics-address=0.0.0.0", f"--http-port={sv.http_port}",
-               f"--grpc-port={sv.grpc_port}", f"--metrics-port={sv.metrics_port}", "--strict-readiness=true",
-               "--exit-on-error=true", "--disable-auto-complete-config"]
-        reasons["command"] = "one tritonserver process on model_repo/"
-    serve = trtllm_serve_argv(build, mount) if rt.engine == "llmapi" else []
+        # The container listens on all interfaces: the pod/compose network is the boundary.
+        cmd = server_argv(rt.launcher, world, f"{mount}/model_repo", http_port=sv.http_port, grpc_port=sv.grpc_port,
+                          metrics_port=sv.metrics_port, address="0.0.0.0")
+        reasons["command"] = (f"leader-mode mpirun, one tritonserver rank per GPU (world_size {world})" if mpi else
+                              "one tritonserver process on model_repo/")
+    serve = trtllm_serve_argv(build, mount) if rt.openai_server == "trtllm-serve" else []
     upstream = {}
     if serve:
         from builders.llmapi_options import llm_api_options
@@ -202,24 +205,12 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
                           sv.http_port, sv.grpc_port, sv.metrics_port, mount, served_from == "bundle",
                           served_from, cmd, env, reasons, trtllm_serve=serve, upstream_model_yaml=upstream,
                           openai=openai, openai_port=sv.openai_port,
-                          frontend_image=runtime_image(RUNTIMES["pytorch"]), later_options=later)
+                          frontend_image=project_image(), later_options=later)
 
 
 OPENAI_PROFILE = "openai"
 """The compose profile of the OpenAI frontend where it needs an image other than Triton's (TRTPIPE_IMAGE):
 ``docker compose --profile openai up`` starts it too."""
-
-
-def frontend_argv(python: str, *, grpc_url: str, model: str, tokenizer: str, max_input_len: int, max_seq_len: int,
-                  add_special_tokens: bool, host: str, port: int, triton_model: str = "tensorrt_llm_bls",
-                  trust_remote_code: bool = False) -> list[str]:
-    """The OpenAI-compatible frontend's command line (``pipeline.openai_frontend``): ``trtpipe serve`` runs it
-    beside tritonserver, the deployment files in a container of the project's image beside Triton's."""
-    return [python, "-m", "pipeline.openai_frontend", "--grpc-url", grpc_url, "--model", model, "--tokenizer",
-            tokenizer, "--max-input-len", str(max_input_len), "--max-seq-len", str(max_seq_len), "--host", host,
-            "--port", str(port), "--triton-model", triton_model, *(["--add-special-tokens"] if add_special_tokens
-                                                                    else []),
-            *(["--trust-remote-code"] if trust_remote_code else [])]
 
 
 def _preprocessing_flag(model_repository: Path, key: str) -> bool:
@@ -246,36 +237,6 @@ def preprocessing_trusts_remote_code(model_repository: Path) -> bool:
     return _preprocessing_flag(model_repository, "trust_remote_code")
 
 
-TRTLLM_SERVE_OPTIONS_FILE = "model_repo/tensorrt_llm/1/llm_api_options.yaml"
-"""The LLM-API options file both the Triton LLM-API model and ``trtllm-serve`` read (builders.llmapi_options)."""
-
-
-def trtllm_serve_argv(build, mount: str, host: str = "0.0.0.0", port: int | None = None,
-                      config: str | None = None) -> list[str]:
-    """``trtllm-serve serve <checkpoint> --host --port --config <options YAML>``: the OpenAI-compatible server of
-    TensorRT-LLM over the build's unified HF checkpoint (the engine folder), with the options the Triton model uses.
-    The one source of the command: the deployment files, ``trtllm-serve.sh`` and ``trtpipe serve --server
-    trtllm-serve`` (pipeline.serve) all take it from here.
-
-    Args:
-        mount: the build folder (its absolute path at build time in the deployment files).
-        host: the listen address.
-        port: the HTTP port (default ``serving.http_port``).
-        config: the options file (default ``<mount>/model_repo/tensorrt_llm/1/llm_api_options.yaml``).
-
-    Options as ``tensorrt_llm/commands/serve.py`` of 1.2.1 and 1.4 both take them (``--config`` is the options file,
-    ``--extra_llm_api_options`` its older alias; the PyTorch backend is the default of both):
-    tests/facts/trtllm_1_2_1/llm_args.json and tests/facts/trtllm_1_4/llm_args.json ``trtllm_serve``.
-    Health: ``GET /health`` (200 when ready); OpenAI API under ``/v1``.
-    """
-    port = build.settings.serving.http_port if port is None else port
-    return ["trtllm-serve", "serve", f"{mount}/engine", "--host", host, "--port", str(port),
-            "--config", config or f"{mount}/{TRTLLM_SERVE_OPTIONS_FILE}"]
-
-
-TRTLLM_SERVE_HEALTH = "/health"
-"""trtllm-serve's readiness route (200 once the model is loaded): ``trtllm_serve.health_path`` of
-tests/facts/trtllm_1_2_1/llm_args.json and tests/facts/trtllm_1_4/llm_args.json (``serve/openai_server.py``)."""
 TRTLLM_SERVE_NAME = "trtllm-serve"
 """The compose service, container and Kubernetes name suffix of the trtllm-serve files."""
 
@@ -466,47 +427,29 @@ def render_deployment(plan: DeploymentPlan) -> dict[str, str]:
     return files
 
 
-MIN_LLMAPI_VERSION = (1, 2, 1)
-"""The oldest TensorRT-LLM the trtllm-llmapi files are written for (plugins.runtimes: ``tensorrt_llm_versions``)."""
-
-
 def _trtllm_serve_script(plan: DeploymentPlan) -> str:
     """trtllm-serve.sh: checks the TensorRT-LLM version the container's python imports (release numbers only, so
-    ``1.3.0rc5`` counts as 1.3.0), then execs ``plan.trtllm_serve``."""
-    least = ".".join(map(str, MIN_LLMAPI_VERSION))
+    ``1.3.0rc5`` counts as 1.3.0) and picks the options file of that release, with trtpipe_runtime/versions.py's
+    own text (the Triton model's code), then execs ``plan.trtllm_serve``."""
+    least = _llmapi_least()
+    later = " ".join(shlex.quote(f"{r}={path}") for r, path in plan.later_options.items())
     return f"""#!/usr/bin/env bash
 # The same build served by TensorRT-LLM's OpenAI-compatible server instead of Triton (TensorRT-LLM {least} or later,
 # in {plan.image}). Ready when GET {TRTLLM_SERVE_HEALTH} answers 200; the OpenAI API is under /v1.
 # PYTHON: the interpreter trtllm-serve runs on (default python3); TRTPIPE_SKIP_VERSION_CHECK=1 skips the check.
 set -euo pipefail
-if [ -z "${{TRTPIPE_SKIP_VERSION_CHECK:-}}" ]; then
-  "${{PYTHON:-python3}}" - <<'PY'
-import re
-import sys
-
-import tensorrt_llm
-
-found = tensorrt_llm.__version__
-if tuple(int(x) for x in re.findall(r"\\d+", found)[:3]) < {MIN_LLMAPI_VERSION!r}:
-    sys.exit(f"TensorRT-LLM {{found}} is older than {least}, the first release this build's LLM-API options are "
-             "checked against: run in {plan.image}")
-PY
-fi
-{_later_options_shell(plan)}exec {" ".join(shlex.quote(a) for a in plan.trtllm_serve[:-1])} "$CONFIG"
+CONFIG={shlex.quote(plan.trtllm_serve[-1])}
+# the options file of the installed release instead, where a later one spells speculative_config differently
+CONFIG=$("${{PYTHON:-python3}}" - {least} "$CONFIG" {shlex.quote("run in " + plan.image)} {later} <<'PY'
+{Path(versions.__file__).read_text()}PY
+)
+exec {" ".join(shlex.quote(a) for a in plan.trtllm_serve[:-1])} "$CONFIG"
 """
 
 
-def _later_options_shell(plan: DeploymentPlan) -> str:
-    """Shell that sets CONFIG: the default options file, or a later release's where the build wrote one (picked by
-    the installed TensorRT-LLM's major.minor, as the Triton model does)."""
-    text = f"CONFIG={shlex.quote(plan.trtllm_serve[-1])}\n"
-    for release, path in plan.later_options.items():
-        want = tuple(int(x) for x in release.split(".")[:2])
-        text += (f'if "${{PYTHON:-python3}}" -c "import re, sys, tensorrt_llm; sys.exit(tuple(int(x) for x in '
-                 f're.findall(r\'\\d+\', tensorrt_llm.__version__)[:2]) < {want!r})" 2>/dev/null; then\n'
-                 f"  CONFIG={shlex.quote(path)}  # TensorRT-LLM {release} or later spells speculative_config so\n"
-                 "fi\n")
-    return text
+def _llmapi_least() -> str:
+    """The oldest TensorRT-LLM the trtllm-llmapi files are written for (its runtime's ``tensorrt_llm`` releases)."""
+    return RUNTIMES["trtllm-llmapi"].tensorrt_llm.first_text
 
 
 def _llmapi_readme(plan: DeploymentPlan) -> str:
@@ -514,7 +457,7 @@ def _llmapi_readme(plan: DeploymentPlan) -> str:
     LLM-API model, exactly, with the files that run each."""
     triton = " ".join(shlex.quote(a) for a in plan.command)
     serve = " ".join(shlex.quote(a) for a in plan.trtllm_serve)
-    least = ".".join(map(str, MIN_LLMAPI_VERSION))
+    least = _llmapi_least()
     ports = f"--http-port={plan.http_port} --grpc-port={plan.grpc_port} --metrics-port={plan.metrics_port}"
     later = "".join(f"\n\nTensorRT-LLM {r} and later spell an option of this build differently (speculative_config): "
                     f"they read `{path}` instead. The Triton model and `trtllm-serve.sh` pick the file of the "

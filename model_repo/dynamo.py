@@ -37,6 +37,7 @@ from builders import preflight
 from builders.llmapi_options import llm_api_options, option_problems
 from builders.plan import Plan
 from builders.spec import ResolvedBuild
+from model_repo.launch import dynamo_frontend_argv, dynamo_worker_argv
 from plugins.errors import Problem, SpecError
 from plugins.targets import TargetProfile
 
@@ -221,28 +222,26 @@ def _probe(path: str, port: int, *, initial_s: int, failures: int) -> dict:
 
 
 def _frontend(plan: DynamoPlan) -> dict:
-    main = {"name": "main", "image": plan.image, "command": ["python3"],
-            "args": ["-m", "dynamo.frontend", "--http-port", str(FRONTEND_PORT), "--router-mode", plan.router_mode],
+    argv = dynamo_frontend_argv(FRONTEND_PORT, plan.router_mode)
+    main = {"name": "main", "image": plan.image, "command": argv[:1], "args": argv[1:],
             "ports": [{"name": "http", "containerPort": FRONTEND_PORT}],
             "readinessProbe": _probe("/health", FRONTEND_PORT, initial_s=10, failures=6),
             "livenessProbe": _probe("/live", FRONTEND_PORT, initial_s=30, failures=6)}
     return {"name": "Frontend", "type": "frontend", "replicas": 1, "podTemplate": {"spec": {"containers": [main]}}}
 
 
-def worker_args(plan: DynamoPlan, w: DynamoWorker) -> list[str]:
-    """``dynamo.trtllm`` arguments of one worker (model, served name, its options file, its role)."""
-    args = ["--model-path", plan.model_path, "--served-model-name", plan.served_model_name,
-            "--extra-engine-args", f"{CONFIG_MOUNT}/{w.role}.yaml",
-            "--disaggregation-mode", w.role]
-    if plan.router_mode == "kv":
-        args.append("--publish-kv-events")  # the KV router scores workers on the blocks they report
-    return args
+def worker_argv(plan: DynamoPlan, w: DynamoWorker) -> list[str]:
+    """The ``dynamo.trtllm`` command of one worker (model, served name, its options file, its role; KV events for
+    the KV router)."""
+    return dynamo_worker_argv(model_path=plan.model_path, served_model_name=plan.served_model_name,
+                              options_file=f"{CONFIG_MOUNT}/{w.role}.yaml", role=w.role,
+                              publish_kv_events=plan.router_mode == "kv")
 
 
 def _worker(plan: DynamoPlan, w: DynamoWorker) -> dict:
     gpus = str(w.gpus_per_pod)
     main = {"name": "main", "image": plan.image, "workingDir": "/workspace",
-            "command": ["python3", "-m", "dynamo.trtllm"], "args": worker_args(plan, w),
+            "command": worker_argv(plan, w)[:3], "args": worker_argv(plan, w)[3:],
             # the status server, healthy once the generate endpoint serves (what the readiness probe asks)
             "env": [{"name": "DYN_SYSTEM_ENABLED", "value": "true"},
                     {"name": "DYN_SYSTEM_PORT", "value": str(WORKER_SYSTEM_PORT)},

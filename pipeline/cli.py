@@ -106,7 +106,7 @@ def cmd_build(args) -> int:
         print(f"deployment files: {out / 'deploy'} (docker-compose.yaml, k8s/; see docs/deploy.md)")
     if manifest.get("handoff"):
         print(f"next: on the GPU host, run {manifest['handoff']['script']} (see docs/gpu-hosts.md)")
-    elif build.runtime.engine == "llmapi" and (out / "deploy" / "README.md").is_file():
+    elif build.runtime.openai_server and (out / "deploy" / "README.md").is_file():
         print(f"next: on a GPU host with TensorRT-LLM 1.2.1 or later, tritonserver or trtllm-serve as "
               f"{out / 'deploy' / 'README.md'} says (where TensorRT-LLM is installed, `trtpipe serve` runs "
               "tritonserver and `trtpipe serve --server trtllm-serve` the OpenAI server)")
@@ -118,8 +118,9 @@ def cmd_build(args) -> int:
 def cmd_deploy(args) -> int:
     from pipeline.build import deploy_build
 
-    if args.engine == "dynamo":
-        return _deploy_dynamo(args)
+    other = OTHER_DEPLOYERS.get(args.engine)
+    if other is not None:  # another serving engine's files (--engine): not Triton's
+        return other(args)
     build = _resolve(args)
     out = _folder(args, build)
     if args.print:
@@ -152,7 +153,7 @@ def _deploy_dynamo(args) -> int:
     from plugins.targets import get_target
 
     build, target, hf_config = _plan_inputs(args)
-    if build.runtime.name == "trtllm":  # Dynamo's worker loads the HF checkpoint: the build's trtllm-llmapi variant
+    if build.runtime.builds_trt_engine:  # Dynamo's worker loads the HF checkpoint: the build's trtllm-llmapi variant
         print(f"runtime trtllm builds a TensorRT engine; Dynamo's TensorRT-LLM worker runs the PyTorch backend on the "
               f"unified HF checkpoint: deploying the build's trtllm-llmapi variant")
         llm = resolve_build(args.build, build.target, quant=args.quant, runtime="trtllm-llmapi")
@@ -191,6 +192,10 @@ def _deploy_dynamo(args) -> int:
         print(f"  {out / rel}")
     print(f"next: {out / 'README.md'} (install the operator, copy {ckpt} to the volume, kubectl apply)")
     return 0
+
+
+OTHER_DEPLOYERS = {"dynamo": _deploy_dynamo}
+"""``deploy --engine`` values other than triton, and what writes their files."""
 
 
 def cmd_verify(args) -> int:
@@ -358,7 +363,7 @@ EXIT_NOT_INSTALLED = 3
 
 
 def _already_serving(state: Path) -> bool:
-    from pipeline.serve import running_from_state
+    from pipeline.server_state import running_from_state
 
     running = running_from_state(state)
     if running:  # rerunning `make build-engine && make serve && make query` must not fail on busy ports
@@ -369,7 +374,9 @@ def _already_serving(state: Path) -> bool:
 
 
 def cmd_serve(args) -> int:
-    from pipeline.serve import OpenAIFrontend, TritonServer, frontend_launch, write_state
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, TritonServer
+    from pipeline.server_state import write_state
 
     build = _resolve(args)
     if args.server == "trtllm-serve":
@@ -400,7 +407,9 @@ def _serve_trtllm(args, build) -> int:
     """``serve --server trtllm-serve``: check the build, then run trtllm-serve, or say what would run where."""
     import shlex
 
-    from pipeline.serve import TrtllmServe, trtllm_serve_config, write_state
+    from pipeline.launch_config import trtllm_serve_config
+    from pipeline.serve import TrtllmServe
+    from pipeline.server_state import write_state
 
     extra = [f"{flag} = {v}" for flag, v in (("--grpc-port", args.grpc_port), ("--metrics-port", args.metrics_port))
              if v]
@@ -465,7 +474,7 @@ def _detach_or_wait(args, server, state: Path, frontend=None) -> int:
 
 
 def cmd_stop(args) -> int:
-    from pipeline.serve import stop_from_state
+    from pipeline.server_state import stop_from_state
 
     build = _resolve(args)
     state = _folder(args, build) / "server.json"
@@ -493,7 +502,7 @@ def cmd_stop(args) -> int:
 def query_url(url: str | None, build, out: Path) -> str:
     """Where ``query`` sends: ``--url``, else the gRPC address in the build's server.json while the server it
     records runs (``serve --grpc-port`` or a port chosen at start), else serving.grpc_port on 127.0.0.1."""
-    from pipeline.serve import running_from_state
+    from pipeline.server_state import running_from_state
 
     if url:
         return url

@@ -619,7 +619,8 @@ def start_served(engine_dir: Path, tmp: Path, repo: Path | None = None):
     (TritonServer, OpenAIFrontend, Server)."""
     from builders.spec import load_spec
     from model_repo.generate import default_sys_path
-    from pipeline.serve import OpenAIFrontend, ServerConfig, TritonServer, free_ports, frontend_launch
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, ServerConfig, TritonServer, free_ports
     from tests.conftest import DEFAULT_BUILD
     from tests.model_repo.test_serving_options import _start_server
 

@@ -10,6 +10,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from builders.spec import default_port
 from plugins.errors import PipelineError
 
 log = logging.getLogger("trtpipe")
@@ -38,7 +39,7 @@ def add_loadtest_parser(sub, add_build_args) -> None:
                    "server's model)")
     g.add_argument("--endpoint", choices=("triton", "openai-chat", "openai-completions"), default="triton",
                    help="what to load: Triton's ensemble over gRPC (default), or an OpenAI-compatible server's "
-                        "/v1/chat/completions or /v1/completions (--url: its base URL, e.g. http://host:9000/v1)")
+                        f"/v1/chat/completions or /v1/completions (--url: its base URL, e.g. http://host:{default_port('openai_port')}/v1)")
     g = r.add_argument_group("load shape (one of --concurrency / --rate; comma lists sweep)")
     g.add_argument("--concurrency", default=None, help="closed loop: requests in flight, e.g. 1,2,4 (default 1)")
     g.add_argument("--rate", default=None, help="open loop: requests/s, e.g. 0.5,1,2")
@@ -145,7 +146,7 @@ def cmd_run(args) -> int:
             out_root = build_dir(resolve_build(args.build, args.target, args.quant, runtime), args.out,
                                  variant(args.quant, runtime, args.build, args.target))
             repo = out_root / "model_repo"
-            from pipeline.serve import running_from_state
+            from pipeline.server_state import running_from_state
 
             info = running_from_state(out_root / "server.json")
             openai = args.endpoint != "triton"

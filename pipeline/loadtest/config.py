@@ -6,6 +6,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from builders.spec import default_port
 from pipeline.loadtest.metrics import SLO
 from pipeline.loadtest.workload import parse_length
 
@@ -16,7 +17,7 @@ FIXED_OUTPUT = ("none", "min_tokens", "ignore_eos")
 
 @dataclass
 class LoadTestConfig:
-    url: str = "127.0.0.1:8001"
+    url: str = f"127.0.0.1:{default_port('grpc_port')}"
     """The server: gRPC host:port (endpoint triton), or the OpenAI API's base URL (http://host:port/v1)."""
     endpoint: str = "triton"
     """triton (the ensemble over gRPC), openai-chat (/v1/chat/completions) or openai-completions
@@ -112,7 +113,7 @@ class LoadTestConfig:
             p.append(f"endpoint = {self.endpoint!r}: must be one of {ENDPOINTS}")
         elif self.endpoint != "triton" and not self.url.startswith(("http://", "https://")):
             p.append(f"url = {self.url!r}: endpoint {self.endpoint} takes the OpenAI API's base URL, e.g. "
-                     "http://127.0.0.1:9000/v1")
+                     f"http://127.0.0.1:{default_port('openai_port')}/v1")
         if self.endpoint != "triton" and self.fixed_output == "min_tokens":
             p.append("fixed_output = min_tokens: use --ignore-eos with the OpenAI endpoints (the ignore_eos "
                      "extension vLLM's benchmark sends)")

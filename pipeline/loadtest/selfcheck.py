@@ -34,7 +34,8 @@ def serve_repository(repo: Path, ready_timeout_s: float = 600.0, log_dir: Path |
     The logs go to ``log_dir`` (default: the temp folder), never into the repository's build folder.
     """
     from model_repo.generate import default_sys_path
-    from pipeline.serve import OpenAIFrontend, ServerConfig, TritonServer, free_ports, frontend_launch
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, ServerConfig, TritonServer, free_ports
 
     http, grpc, metrics, openai = free_ports(4)
     logs = Path(log_dir or tempfile.gettempdir())

@@ -103,7 +103,8 @@ def aiperf_openai(binary: str, base_url: str, model: str, rate: float, n: int, o
 
 def main_openai(args) -> int:
     """--openai: both clients on the OpenAI frontend's /v1/completions in front of the trivial model."""
-    from pipeline.serve import FrontendLaunch, OpenAIFrontend, free_ports
+    from pipeline.launch_config import FrontendLaunch
+    from pipeline.serve import OpenAIFrontend, free_ports
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp, trivial_server(Path(tmp)) as (grpc_url, _metrics):

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from pipeline.loadtest.api import run_loadtest  # noqa: E402
 from pipeline.loadtest.config import LoadTestConfig  # noqa: E402
 from pipeline.loadtest.selfcheck import trivial_server  # noqa: E402
-from pipeline.serve import FrontendLaunch, OpenAIFrontend, free_ports  # noqa: E402
+from pipeline.launch_config import FrontendLaunch  # noqa: E402
+from pipeline.serve import OpenAIFrontend, free_ports  # noqa: E402
 from tests.conftest import smollm2_tokenizer_dir  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugins.runtimes import leader_mode_argv
+from model_repo.launch import leader_mode_argv
 from builders.spec import LimitsConfig
 from builders.engine_trtllm import check_engine_output, run_trtllm_build, trtllm_build_argv
 from plugins.errors import StageError

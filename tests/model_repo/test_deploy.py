@@ -17,7 +17,8 @@ import yaml
 
 from model_repo.deploy import (IMAGE_VAR, PYTORCH_IMAGE_VAR, compose, compose_trtllm_serve, kubernetes,
                                kubernetes_trtllm_serve, plan_deployment, render_deployment, triton_image,
-                               trtllm_serve_argv, write_deployment)
+                               write_deployment)
+from model_repo.launch import trtllm_serve_argv
 from builders.layout import build_dir
 from pipeline.cli import main
 from tests.conftest import REPO_ROOT

@@ -24,7 +24,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def frontend(default_server, built_default, tmp_path_factory):
     from builders.spec import load_spec
-    from pipeline.serve import OpenAIFrontend, free_ports, frontend_launch
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, free_ports
     from tests.conftest import DEFAULT_BUILD
 
     build = load_spec(DEFAULT_BUILD, "cpu")
@@ -174,7 +175,8 @@ def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_blocks(fr
 
 def test_frontend_without_triton_answers_503(built_default, tmp_path):
     """Triton down: /health and requests answer 503 (not a hang, not a 500)."""
-    from pipeline.serve import FrontendLaunch, OpenAIFrontend, free_ports
+    from pipeline.launch_config import FrontendLaunch
+    from pipeline.serve import OpenAIFrontend, free_ports
 
     dead, port = free_ports(2)
     launch = FrontendLaunch(f"127.0.0.1:{dead}", MODEL, built_default / "engine", 1024, 2048, True, port=port,

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from builders.model_fetch import check_hf_folder
-from pipeline import serve
+from pipeline import launch_config, serve
 from pipeline.cli import make_parser
 from pipeline.openai_frontend import build_parser as frontend_parser
 from plugins.errors import SpecError
-from plugins.runtimes import leader_mode_argv
+from model_repo.launch import leader_mode_argv
 
 
 def _default(cls, name):
@@ -25,9 +25,9 @@ def _default(cls, name):
 
 def test_every_listener_defaults_to_loopback():
     assert _default(serve.ServerConfig, "address") == "127.0.0.1"
-    assert _default(serve.FrontendLaunch, "address") == "127.0.0.1"
-    assert _default(serve.TrtllmServeConfig, "address") == "127.0.0.1"
-    assert inspect.signature(serve.trtllm_serve_config).parameters["address"].default == "127.0.0.1"
+    assert _default(launch_config.FrontendLaunch, "address") == "127.0.0.1"
+    assert _default(launch_config.TrtllmServeConfig, "address") == "127.0.0.1"
+    assert inspect.signature(launch_config.trtllm_serve_config).parameters["address"].default == "127.0.0.1"
     assert inspect.signature(leader_mode_argv).parameters["address"].default == "127.0.0.1"
     assert frontend_parser().parse_args(["--grpc-url", "x:1", "--model", "m", "--tokenizer", "t", "--max-input-len",
                                          "8", "--max-seq-len", "16"]).host == "127.0.0.1"
@@ -337,10 +337,10 @@ def test_the_engine_folder_keeps_the_checkpoints_code_for_the_served_model(code_
 def test_the_served_model_load_follows_the_parameter(code_ckpt, code_engine):
     """tensorrt_llm (pytorch runtime): its ``trust_remote_code`` parameter reaches the model load, in the stub and
     in the engine worker alike (build_manager)."""
-    from model_repo.generate import load_template_module
-    from model_repo.runtime_config import runtime_settings
+    from tests.templates import template_module
+    from trtpipe_runtime.runtime_config import runtime_settings
 
-    engine = load_template_module("tensorrt_llm_pytorch/1/engine_worker.py", "trtpipe_engine_worker_rc")
+    engine = template_module("tensorrt_llm_pytorch", "engine_worker")
     limits = {"max_batch_size": 2, "max_input_len": 32, "max_seq_len": 64, "max_num_tokens": 64, "tokens_per_block": 16}
     for switch, cls in (("false", "LlamaForCausalLM"), ("true", "MarkerForCausalLM")):
         settings = runtime_settings({"max_tokens_in_paged_kv_cache": "128", "trust_remote_code": switch}, limits)
@@ -399,10 +399,10 @@ def _init_template(monkeypatch, relpath: str, config) -> object:
 
     from google.protobuf import json_format
 
-    from model_repo.generate import load_template_module
+    from tests.templates import template_module
 
     _fake_pb_utils(monkeypatch)
-    mod = load_template_module(relpath, "trtpipe_rc_" + relpath.split("/")[0])
+    mod = template_module(relpath.split("/")[0])
     model = mod.TritonPythonModel()
     model.initialize({"model_config": json.dumps(json_format.MessageToDict(config, preserving_proto_field_name=True))})
     return model
@@ -441,7 +441,7 @@ def test_the_openai_frontend_and_query_load_the_tokenizer_as_preprocessing_does(
 
     build = load_spec(_spec(tmp_path, code_ckpt.folder, ", trust_remote_code: true"), "cpu")
     _repository(build, code_engine, tmp_path / "repo")
-    launch = serve.frontend_launch(build, serve.ServerConfig(model_repository=tmp_path / "repo"), 9000, code_engine)
+    launch = launch_config.frontend_launch(build, serve.ServerConfig(model_repository=tmp_path / "repo"), 9000, code_engine)
     args = frontend_parser().parse_args(launch.argv()[3:])
     assert launch.trust_remote_code is True and args.trust_remote_code is True
     before = code_ckpt.ran().count("MarkerTokenizer built")

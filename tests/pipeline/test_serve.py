@@ -129,7 +129,7 @@ def test_stop_leaves_alone_a_process_that_is_not_the_recorded_server(tmp_path):
 
     import psutil
 
-    from pipeline.serve import running_from_state, stop_from_state
+    from pipeline.server_state import running_from_state, stop_from_state
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

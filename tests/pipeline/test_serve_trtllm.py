@@ -27,10 +27,12 @@ import yaml
 from builders.layout import build_dir
 from builders.llmapi_options import llm_api_options, options_yaml
 from builders.spec import load_spec
-from model_repo.deploy import runtime_image, trtllm_serve_argv
+from model_repo.deploy import runtime_image
+from model_repo.launch import trtllm_serve_argv
 from pipeline.cli import EXIT_NOT_INSTALLED, main
-from pipeline.serve import (TRTLLM_SERVE_FAILURES, ServerError, TrtllmServe, diagnose, free_ports,
-                            trtllm_serve_config)
+from pipeline.launch_config import trtllm_serve_config
+from pipeline.serve import TrtllmServe, free_ports
+from pipeline.server_failures import TRTLLM_SERVE_FAILURES, ServerError, diagnose
 from plugins.errors import SpecError
 from tests.conftest import ASSETS, REPO, write_spec
 from tests.doubles import trtllm_serve as double
