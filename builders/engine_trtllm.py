@@ -31,9 +31,11 @@ from typing import Iterable, Optional
 from builders.spec import ENGINE_LIMIT_KEYS as LIMIT_KEYS
 from builders.spec import LimitsConfig
 from plugins.errors import StageError
+from plugins.runtimes import runtime
 
-TRTLLM_VERSION = "1.2.1"
-"""The TensorRT-LLM release this pipeline plans engines for (the last on PyPI with trtllm-build)."""
+TRTLLM_VERSION = runtime("trtllm").tensorrt_llm.first_text
+"""The TensorRT-LLM release this pipeline plans engines for (the last on PyPI with trtllm-build): the trtllm
+runtime's first release (engines only run with the release that built them)."""
 LOG_NAME = "trtllm-build.log"
 
 

@@ -47,7 +47,7 @@ from model_repo.bundle import SCRIPT_NAME
 from model_repo.upstream_llmapi import config_pbtxt
 from model_repo.launch import (TRTLLM_SERVE_HEALTH, TRTLLM_SERVE_OPTIONS_FILE, frontend_argv, server_argv,
                                trtllm_serve_argv)
-from plugins.runtimes import RUNTIMES, Runtime
+from plugins.runtimes import Runtime, openai_server_releases
 from trtpipe_runtime import versions
 
 # TensorRT-LLM version -> nvcr.io/nvidia/tritonserver tag: the "Container Name: trtllm-python-py3"
@@ -448,8 +448,8 @@ exec {" ".join(shlex.quote(a) for a in plan.trtllm_serve[:-1])} "$CONFIG"
 
 
 def _llmapi_least() -> str:
-    """The oldest TensorRT-LLM the trtllm-llmapi files are written for (its runtime's ``tensorrt_llm`` releases)."""
-    return RUNTIMES["trtllm-llmapi"].tensorrt_llm.first_text
+    """The oldest TensorRT-LLM the trtllm-serve files are written for (its runtime's ``tensorrt_llm`` releases)."""
+    return openai_server_releases(TRTLLM_SERVE_NAME).first_text
 
 
 def _llmapi_readme(plan: DeploymentPlan) -> str:

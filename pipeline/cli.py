@@ -107,7 +107,8 @@ def cmd_build(args) -> int:
     if manifest.get("handoff"):
         print(f"next: on the GPU host, run {manifest['handoff']['script']} (see docs/gpu-hosts.md)")
     elif build.runtime.openai_server and (out / "deploy" / "README.md").is_file():
-        print(f"next: on a GPU host with TensorRT-LLM 1.2.1 or later, tritonserver or trtllm-serve as "
+        print(f"next: on a GPU host with TensorRT-LLM {build.runtime.tensorrt_llm.first_text} or later, tritonserver "
+              "or trtllm-serve as "
               f"{out / 'deploy' / 'README.md'} says (where TensorRT-LLM is installed, `trtpipe serve` runs "
               "tritonserver and `trtpipe serve --server trtllm-serve` the OpenAI server)")
     else:
@@ -422,8 +423,8 @@ def _serve_trtllm(args, build) -> int:
     if TrtllmServe.executable() is None:
         print(f"checked: {cfg.checkpoint}/config.json (the unified HF checkpoint) and {cfg.options_file} (LLM-API "
               "options TensorRT-LLM 1.2.1 and 1.4 accept)")
-        print(f"on a GPU host with TensorRT-LLM 1.2.1 or later and {cfg.world_size} GPU(s), e.g. in {cfg.image} with "
-              f"{out} at the same path, this runs:\n")
+        print(f"on a GPU host with TensorRT-LLM {build.runtime.tensorrt_llm.first_text} or later and "
+              f"{cfg.world_size} GPU(s), e.g. in {cfg.image} with {out} at the same path, this runs:\n")
         print(shlex.join(cfg.argv))
         compose = out / "deploy" / "docker-compose.trtllm-serve.yaml"
         if compose.is_file():

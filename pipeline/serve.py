@@ -35,6 +35,7 @@ from pipeline.server_failures import TRTLLM_SERVE_FAILURES, ServerError, _failin
 from pipeline.server_state import TRITONSERVER, _merge_reaped, reap_orphans, terminate_server
 from plugins.errors import PipelineError
 from plugins.fsutil import project_root
+from plugins.runtimes import openai_server_releases
 
 log = logging.getLogger("trtpipe")
 
@@ -376,7 +377,8 @@ class TrtllmServe(_ServerProcess):
         cfg = self.cfg
         exe = self.executable()
         if exe is None:
-            raise ServerError(f"{TRTLLM_SERVE} is not on PATH: install TensorRT-LLM 1.2.1 or later, or run "
+            raise ServerError(f"{TRTLLM_SERVE} is not on PATH: install TensorRT-LLM "
+                              f"{openai_server_releases(TRTLLM_SERVE).first_text} or later, or run "
                               f"`{shlex.join(cfg.argv)}` in {cfg.image} on a GPU host")
         if not port_free(cfg.http_port, cfg.address):
             raise ServerError(f"port {cfg.http_port} on {cfg.address} already in use: stop the process holding it "

@@ -5,6 +5,9 @@ against them."""
 from __future__ import annotations
 
 from plugins.errors import PipelineError
+from plugins.runtimes import openai_server_releases
+
+_LEAST = openai_server_releases().first_text
 
 
 class ServerError(PipelineError):
@@ -67,9 +70,9 @@ TRTLLM_SERVE_FAILURES: tuple[tuple[str, str], ...] = (
     ("No module named", "the Python that runs trtllm-serve cannot import a package: run it in the image that "
                         "deploy/README.md names, or reinstall tensorrt_llm"),
     ("No such option", "this trtllm-serve does not take an option of the command (click's usage error): check its "
-                       "version, 1.2.1 or later (`python3 -c 'import tensorrt_llm; print(tensorrt_llm.__version__)'`)"),
+                       f"version, {_LEAST} or later (`python3 -c 'import tensorrt_llm; print(tensorrt_llm.__version__)'`)"),
     ("Extra inputs are not permitted", "the options file has a key this TensorRT-LLM's LLM API refuses "
-                                       "(TorchLlmArgs forbids unknown keys): check the version (1.2.1 or later), or "
+                                       f"(TorchLlmArgs forbids unknown keys): check the version ({_LEAST} or later), or "
                                        "take the key out of serving.llm_api_options and rebuild"),
 )
 

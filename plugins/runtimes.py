@@ -126,6 +126,19 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
 """Every runtime by name; the spec's ``runtime`` choices."""
 
 
+def openai_server_releases(program: str = "trtllm-serve") -> Releases:
+    """The TensorRT-LLM releases of the runtime whose own OpenAI server is ``program`` (what its launch scripts and
+    messages ask a GPU host for).
+
+    Raises:
+        KeyError: no runtime has that server.
+    """
+    found = [r.tensorrt_llm for r in RUNTIMES.values() if r.openai_server == program and r.tensorrt_llm]
+    if not found:
+        raise KeyError(program)
+    return found[0]
+
+
 def runtime(name: str) -> Runtime:
     """The runtime called ``name`` (a key of :data:`RUNTIMES`; the spec validated it)."""
     return RUNTIMES[name]
