@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from plugins.errors import PipelineError, Problem, SpecError
+from plugins.procenv import passive_openmp
 from plugins.recipes import QUANT_RECIPES
 
 log = logging.getLogger("trtpipe")
@@ -778,6 +779,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_openmp()  # this process and every one it starts (build stages, tritonserver, workers)
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="[trtpipe] %(message)s", stream=sys.stderr)

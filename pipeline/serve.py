@@ -32,6 +32,7 @@ from pathlib import Path
 
 from plugins.errors import PipelineError
 from plugins.fsutil import project_root
+from plugins.procenv import passive_openmp
 from plugins.runtimes import leader_mode_argv
 
 log = logging.getLogger("trtpipe")
@@ -285,7 +286,7 @@ def repository_device(model_repository: Path) -> str | None:
 
 def server_environment(environ) -> dict:
     """The environment tritonserver starts with: ``environ`` with every virtualenv's ``bin`` folder taken
-    off PATH.
+    off PATH, and OpenMP threads passive (plugins.procenv) unless ``environ`` says otherwise.
 
     Why: the Python-backend stub embeds the libpython it was linked against and, like any embedded
     CPython, takes its prefix (where the standard library lives) from the first ``python3`` on PATH
@@ -294,7 +295,7 @@ def server_environment(environ) -> dict:
     and the models fail to load with "undefined symbol" in ``lib-dynload``. Packages reach the stub
     through TRTPIPE_PYTHONPATH, not PATH, so nothing else is lost.
     """
-    env = dict(environ)
+    env = passive_openmp(dict(environ))  # the models' processes (the pytorch runtime's engine worker) run torch
     keep, dropped = [], []
     for d in env.get("PATH", "").split(os.pathsep):
         (dropped if d and (Path(d).parent / "pyvenv.cfg").is_file() else keep).append(d)
