@@ -395,7 +395,7 @@ class TritonServer(_ServerProcess):
         cfg = self.cfg
         if not (cfg.model_repository / "ensemble" / "config.pbtxt").is_file():
             raise ServerError(f"{cfg.model_repository} is not a model repository built by trtpipe "
-                              "(ensemble/config.pbtxt missing): run `make build-engine` first")
+                              "(ensemble/config.pbtxt missing): run `trtpipe build` first")
         busy = [p for p in (cfg.http_port, cfg.grpc_port, cfg.metrics_port) if not port_free(p, cfg.address)]
         if busy:
             raise ServerError(f"port(s) {busy} on {cfg.address} already in use: stop the process holding them "
