@@ -4,9 +4,9 @@
 model's Hugging Face ``config.json`` dict (no weights). It returns a :class:`Plan` that
 serialises to ``plan.json``: per-rank weight, activation and KV-cache bytes, the KV pool's
 capacity in tokens, blocks and sequences, the resolved ``trtllm-build`` plugin set (each with
-its reason) and warnings. It never raises on a broken rule; ``builders.preflight.make_plan`` runs
-the rules and raises one :class:`~plugins.errors.SpecError` listing them all. A build computes its
-plan once and hands the :class:`Plan` to every stage.
+its reason) and the warnings of builders.plan_warnings. It never raises on a broken rule;
+``builders.preflight.make_plan`` runs the rules and raises one :class:`~plugins.errors.SpecError` listing
+them all. A build computes its plan once and hands the :class:`Plan` to every stage.
 
 All byte counts are bytes (not KiB/MiB); "per rank" means one GPU of the serving world
 (tp_size x pp_size) and, under pipeline parallelism, the heaviest pipeline stage.
@@ -26,12 +26,13 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from builders.plan_warnings import PlanFacts, plan_warnings
 from builders.spec import LimitsConfig, ResolvedBuild
 from plugins.architectures import DEFAULT_ARCHITECTURE, ROPE_ALIASES, architecture, support
 from plugins.errors import Problem, SpecError
 from plugins.recipes import QuantRecipe, recipe
 from plugins.resolve import PluginDecision, resolve_plugins
-from plugins.runtimes import RUNTIMES, kv_slots
+from plugins.runtimes import kv_slots
 from plugins.targets import TargetProfile
 
 GIB = 1024 ** 3
@@ -40,15 +41,6 @@ GPU_RUNTIME_RESERVE_BYTES = 1 * GIB
 """Per-GPU memory the plan sets aside for the CUDA context, cuBLAS/NCCL workspaces and the
 runtime's own buffers (an estimate: 0.5-1 GiB is what a CUDA 12 context plus TensorRT-LLM's
 workspaces take in practice). CPU targets reserve nothing: memory_gib is already a budget."""
-HEADROOM_WARN_FRACTION = 0.9
-"""The plan warns when weights + activations + reserve take more than this share of a device's memory. Ours, not an
-upstream number: the activation figure is an estimate (activation_bytes: +-30%), and TensorRT-LLM sizes the KV pool
-from what is left (kv_cache_free_gpu_mem_fraction of the free memory), so under 10% left means a nearly empty pool
-or an out-of-memory at load when the estimate is low."""
-SPECULATIVE_HELPS_UP_TO = 16
-"""Batch size above which the plan asks for speculative_decoding.max_concurrency. Ours, not an upstream number:
-TensorRT-LLM's docs/source/features/speculative-decoding.md says the gains are only observable at low batch sizes,
-and the published speed-ups (docs/gpu-hosts.md) are measured at batch 1."""
 
 
 class _Frozen(BaseModel):
@@ -661,7 +653,6 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     shape = ModelShape.from_hf_config(hf_config)
     engine = build.runtime.sharded  # keeps the checkpoint quantized and sharded over tp x pp GPUs
     tp, pp = (par.tp_size, par.pp_size) if engine else (1, 1)
-    warnings: list[str] = []
 
     # dtypes: engine runtimes keep the checkpoint dtype and quantization; the portable runtime
     # dequantizes into the target's runtime_dtype (float32 on CPU).
@@ -712,102 +703,9 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
 
     plugins = plugin_decisions(build, target.sm, shape.architecture)
 
-    # Warnings: facts worth knowing that are not errors.
-    if engine and shape.num_key_value_heads < tp:
-        warnings.append(f"num_key_value_heads ({shape.num_key_value_heads}) < tp_size ({tp}): each rank holds a "
-                        f"duplicated KV head, so KV memory per rank is that of 1 head, not "
-                        f"{shape.num_key_value_heads}/{tp} (counted in the plan)")
-    if vocab_padded != shape.vocab_size:
-        warnings.append(f"vocab_size {shape.vocab_size} padded to {vocab_padded} (a multiple of tp_size {tp}) for "
-                        "the lm_head split (counted in the plan)")
-    if not engine and par.world_size > 1:
-        warnings.append(f"runtime '{s.runtime}' serves the merged checkpoint on one device: tp_size/pp_size "
-                        f"({par.tp_size}/{par.pp_size}) only shape the exported checkpoint"
-                        + (" (the unified HF export is not sharded: they shape nothing)" if fmt == "hf_unified"
-                           else ""))
-    if shape.is_moe:
-        warnings.append(f"{shape.num_experts} experts per MoE layer ({shape.moe_layers} layers), top-{shape.num_experts_per_tok}: "
-                        f"all experts stay resident ({human_bytes(weights)} per rank), a token runs through "
-                        f"{memory.params_active / 1e9:.2f}B of the {memory.params_total / 1e9:.2f}B parameters")
-    if shape.sliding_window and lim.max_seq_len > shape.sliding_window and build.runtime.builds_trt_engine:
-        warnings.append(f"{shape.sliding_layers} layers use a {shape.sliding_window}-token sliding window; the engine's "
-                        f"KV cache is planned for the whole max_seq_len {lim.max_seq_len} on every layer")
-    if arch is not None and arch.portable_attention != "sdpa" and not engine:
-        warnings.append(f"{arch.family}: the portable runtime runs {arch.portable_attention} attention (transformers has "
-                        "no SDPA path for its logit soft-capping): slower than SDPA")
-    if not engine and q.kv_cache_quant_algo:
-        warnings.append(f"runtime '{s.runtime}' keeps the KV cache in {act_dtype}: kv_cache_quant_algo "
-                        f"{q.kv_cache_quant_algo} only applies in TensorRT-LLM (counted at {dtype_bytes} B/element)")
-    if not engine and build.recipe.quantized:
-        warnings.append(f"runtime '{s.runtime}' dequantizes weights to {act_dtype}: {q.quant_algo} changes "
-                        "accuracy and disk size, not serving memory")
     gpn = par.gpus_per_node or target.gpus_per_node
-    if engine and tp > gpn:
-        warnings.append(f"tp_size {tp} > gpus_per_node {gpn}: tensor parallelism crosses nodes (all-reduce over "
-                        "the network each layer); prefer pp across nodes")
-    if lim.max_num_tokens > lim.max_batch_size * lim.max_seq_len:
-        warnings.append(f"max_num_tokens {lim.max_num_tokens} > max_batch_size x max_seq_len "
-                        f"({lim.max_batch_size * lim.max_seq_len}): TensorRT-LLM clamps it to the latter")
-    if 0 < kv.workload_sequences < lim.max_batch_size:
-        warnings.append(f"the KV pool holds {kv.workload_sequences} sequences of {isl}+{osl} tokens, fewer than "
-                        f"max_batch_size {lim.max_batch_size}: in-flight batches of that shape are KV-bound")
-    if 0 < kv.max_seq_len_sequences < lim.max_batch_size:  # none at all is an error (preflight kv_pool_one_seq)
-        knob = ("serving.max_tokens_in_paged_kv_cache" if "max_tokens_in_paged_kv_cache" in source
-                else "serving.kv_cache_free_gpu_mem_fraction")
-        warnings.append(f"the KV pool holds {kv.max_seq_len_sequences} full-length sequences (max_seq_len "
-                        f"{lim.max_seq_len}), fewer than max_batch_size {lim.max_batch_size}: at most "
-                        f"{kv.max_seq_len_sequences} requests that run to max_seq_len are in flight at once; fix: raise "
-                        f"{knob}" + ((", use an FP8 KV cache (kv_cache_quant_algo: fp8) or more tp/pp ranks"
-                                      if q.kv_cache_quant_algo != "fp8" else ", use more tp/pp ranks") if engine
-                                     else "") +
-                        f", or lower limits.max_batch_size to {kv.max_seq_len_sequences} or limits.max_seq_len")
-    used = reserve + weights + draft_weights + acts
-    if free > 0 and used > HEADROOM_WARN_FRACTION * device:
-        warnings.append(f"weights {human_bytes(weights + draft_weights)} + activations {human_bytes(acts)} + reserve "
-                        f"{human_bytes(reserve)} = {human_bytes(used)} take {used / device:.0%} of the "
-                        f"{human_bytes(device)} of '{target.name}' (over {HEADROOM_WARN_FRACTION:.0%}): "
-                        f"{human_bytes(free)} is left for the KV cache and any estimate error; fix: "
-                        + ("quantize (fp8, int4_awq), raise parallelism.tp_size/pp_size, " if engine else "")
-                        + "lower limits.max_num_tokens, or pick a target with more memory")
-    if (target.kind == "gpu" and engine and target.fp8 and q.quant_algo == "none"
-            and q.kv_cache_quant_algo is None):
-        warnings.append(f"target {target.name} has FP8 tensor cores; quant_algo fp8 would halve weight memory")
-
-    if spec is not None:
-        if spec.draft_source.startswith("draft memory not counted"):
-            warnings.append(spec.draft_source)
-        drafting = min(lim.max_batch_size, sv.speculative_decoding.max_concurrency or lim.max_batch_size)
-        need = drafting * spec.tokens_per_step + (lim.max_batch_size - drafting)  # the rest decode one token
-        if lim.max_num_tokens < need:
-            warnings.append(f"speculative decoding: a generation step takes 1 + max_draft_len = {spec.tokens_per_step} "
-                            f"tokens per drafting request, so max_num_tokens {lim.max_num_tokens} runs at most "
-                            f"{lim.max_num_tokens // spec.tokens_per_step} of {drafting} drafting requests a step "
-                            f"(raise it to {need})")
-        if lim.max_batch_size > SPECULATIVE_HELPS_UP_TO and not sv.speculative_decoding.max_concurrency:
-            warnings.append(f"speculative decoding gains show at low batch sizes only (TensorRT-LLM's speculative-"
-                            f"decoding docs) and max_batch_size is {lim.max_batch_size}: set serving."
-                            f"speculative_decoding.max_concurrency (e.g. {SPECULATIVE_HELPS_UP_TO}) to stop drafting "
-                            "when more requests are in flight")
     code = source_code(build, hf_config)
-    named = "; ".join(c.entry for c in code)
-    if build.model.trust_remote_code:
-        warnings.append(f"model.trust_remote_code is true: the checkpoint's own Python code ({named}) runs, with this "
-                        "user's rights, wherever transformers loads the checkpoint or its tokenizer: in this build and "
-                        "in the served models; read it before building" if code else
-                        "model.trust_remote_code is true but the checkpoint names no code of its own (no auto_map in "
-                        "config.json or tokenizer_config.json): none runs now, but code added to the checkpoint later "
-                        "would run unchecked; set it false")
-    elif code and all(c.library_class for c in code):  # (code no class stands in for: builders.preflight refuses)
-        warnings.append(f"the checkpoint names Python code of its own ({named}) that does not run "
-                        f"(model.trust_remote_code is false): transformers' own "
-                        f"{', '.join(sorted({c.library_class for c in code}))} load it instead, as for any checkpoint "
-                        f"of model_type {hf_config.get('model_type')!r}; if this one needs its own code, read it and "
-                        "set model.trust_remote_code: true")
-    if build.runtime.builds_trt_engine and arch is not None and "trtllm-llmapi" in RUNTIMES \
-            and support(arch, RUNTIMES["trtllm-llmapi"], build.recipe).ok:
-        warnings.append(f"the engine path (runtime {s.runtime}) works with TensorRT-LLM 1.2.x only; runtime trtllm-llmapi "
-                        "builds this model for 1.2.1 and every later release")
-    return Plan(build=build.name, target=target.name, runtime=s.runtime, dtype=s.dtype, quant_algo=q.quant_algo,
+    plan = Plan(build=build.name, target=target.name, runtime=s.runtime, dtype=s.dtype, quant_algo=q.quant_algo,
                 tensorrt_llm_versions=build.runtime.tensorrt_llm_versions,
                 trtllm_quant_algo=build.recipe.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo,
                 tp_size=par.tp_size, pp_size=par.pp_size, world_size=par.world_size, serving_tp=tp, serving_pp=pp,
@@ -819,7 +717,9 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 speculative=spec,
                 runtime_settings=(portable_runtime_settings(build, kv.capacity_tokens if target.kind == "gpu" else None)
                                   if build.runtime.settings else []),
-                warnings=warnings, trust_remote_code=build.model.trust_remote_code, custom_code=code)
+                warnings=[], trust_remote_code=build.model.trust_remote_code, custom_code=code)
+    warnings = [text for _, text in plan_warnings(PlanFacts(plan, build, target, hf_config))]
+    return plan.model_copy(update={"warnings": warnings})
 
 
 def source_code(build: ResolvedBuild, hf_config: dict) -> list[CustomCode]:
@@ -844,12 +744,3 @@ def read_hf_config(hf_dir: Path) -> dict:
     cfg.setdefault("_name_or_path", str(hf_dir))  # so errors about the config name the folder
     return cfg
 
-
-def human_bytes(n: Any) -> str:
-    """``n`` bytes as a short string in binary units (KiB, MiB, GiB)."""
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"

@@ -15,8 +15,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders.llmapi_options import RELEASES, llm_api_options, option_problems
-from builders.plan import (ModelShape, Plan, compute_plan, draft_config, human_bytes, layer_shards,
-                           plugin_decisions, read_hf_config, rope_context, source_code)
+from builders.plan import (ModelShape, Plan, compute_plan, draft_config, layer_shards, plugin_decisions,
+                           read_hf_config, rope_context, source_code)
+from builders.plan_warnings import human_bytes
 from builders.spec import ResolvedBuild
 from plugins.architectures import ARCHITECTURES, ROPE_TYPES, Architecture, architecture, support
 from plugins.recipes import QUANT_RECIPES

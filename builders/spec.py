@@ -16,7 +16,6 @@ and ``quantization.quant_algo`` are the keys of the registries in ``plugins/`` (
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -621,7 +620,3 @@ def overrides_from_flags(quant: str | None = None, runtime: str | None = None) -
     if runtime:
         out["runtime"] = runtime
     return out
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")

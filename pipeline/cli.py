@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from plugins.errors import PipelineError, Problem, SpecError
+from plugins.procenv import passive_openmp
 from plugins.recipes import QUANT_RECIPES
 
 log = logging.getLogger("trtpipe")
@@ -64,6 +65,21 @@ def _resolve(args):
     return resolve_build(args.build, args.target, args.quant, getattr(args, "runtime", None))
 
 
+def _same_build(args, verb: str, positional: bool = True) -> str:
+    """The ``trtpipe <verb>`` command line for the build ``args`` name (the Makefile's targets run these; an
+    installed copy has no Makefile): only the flags that differ from the defaults."""
+    import shlex
+
+    build = str(getattr(args, "build", DEFAULT_BUILD))
+    parts = ["trtpipe", verb] + ([] if build == DEFAULT_BUILD else [build] if positional else ["--build", build])
+    if getattr(args, "target", "cpu") != "cpu":
+        parts += ["--target", args.target]
+    for flag in ("quant", "runtime", "out"):
+        if getattr(args, flag, None):
+            parts += [f"--{flag}", str(getattr(args, flag))]
+    return shlex.join(parts)
+
+
 def _not_built(out: Path) -> str:
     """Where outputs are looked for, for a "not built yet" error (the root is easy to miss from elsewhere)."""
     from plugins.fsutil import project_root
@@ -112,7 +128,8 @@ def cmd_build(args) -> int:
               f"{out / 'deploy' / 'README.md'} says (where TensorRT-LLM is installed, `trtpipe serve` runs "
               "tritonserver and `trtpipe serve --server trtllm-serve` the OpenAI server)")
     else:
-        print("next: `make serve` then `make query PROMPT=\"...\"`")
+        query = _same_build(args, "query", positional=False)
+        print(f"next: `{_same_build(args, 'serve')} --detach` then `{query} \"...\"`")
     return 0
 
 
@@ -352,7 +369,8 @@ def server_config(args, build):
     if not (repo / "tensorrt_llm" / "config.pbtxt").is_file():
         raise PipelineError(f"{repo} holds no model repository (tensorrt_llm/config.pbtxt missing): "
                             + ("pass a folder written by the model_repo stage, or a copy of one" if
-                               getattr(args, "model_repo", None) else "run `make build-engine` first" + _not_built(out)))
+                               getattr(args, "model_repo", None)
+                               else f"run `{_same_build(args, 'build')}` first" + _not_built(out)))
     return ServerConfig(model_repository=repo, http_port=args.http_port or sv.http_port,
                         grpc_port=args.grpc_port or sv.grpc_port, metrics_port=args.metrics_port or sv.metrics_port,
                         address=args.address, log_file=repo.parent / "tritonserver.log", ready_timeout_s=args.timeout,
@@ -519,7 +537,7 @@ def cmd_query(args) -> int:
     out = _folder(args, build)
     url = query_url(args.url, build, out)
     if not args.raw and not (out / "engine" / "engine.json").is_file():
-        raise PipelineError(f"{out / 'engine'} is not built yet: run `make build-engine` (or `trtpipe build`) first, "
+        raise PipelineError(f"{out / 'engine'} is not built yet: run `{_same_build(args, 'build')}` first, "
                             "or pass --raw to send the prompt without the model's chat template" + _not_built(out))
     text = args.prompt if args.raw else format_chat(out / "engine", args.prompt, args.system,
                                                     trust_remote_code=build.model.trust_remote_code)
@@ -788,6 +806,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    passive_openmp()  # this process and every one it starts (build stages, tritonserver, workers)
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="[trtpipe] %(message)s", stream=sys.stderr)

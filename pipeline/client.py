@@ -146,11 +146,11 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
         live = False
     if not live:
         client.close()
-        raise PipelineError(f"cannot reach Triton at {url}: is the server running (`make serve`)?")
+        raise PipelineError(f"cannot reach Triton at {url}: is the server running (`trtpipe serve`)?")
     try:
         client.start_stream(callback=lambda result, error: q.put((result, error, time.perf_counter())))
     except InferenceServerException as exc:
-        raise PipelineError(f"cannot reach Triton at {url}: {exc}. Is the server running (`make serve`)?") from exc
+        raise PipelineError(f"cannot reach Triton at {url}: {exc}. Is the server running (`trtpipe serve`)?") from exc
     finished = False
     try:
         client.async_stream_infer(model, build_inputs(text, max_tokens, perf_metrics=perf_metrics, **kwargs),

@@ -7,7 +7,8 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-from builders.plan import Plan, human_bytes
+from builders.plan import Plan
+from builders.plan_warnings import human_bytes
 
 
 def render_plan(plan: Plan, console: Optional[Console] = None) -> None:

@@ -35,6 +35,7 @@ from pipeline.server_failures import TRTLLM_SERVE_FAILURES, ServerError, _failin
 from pipeline.server_state import TRITONSERVER, _merge_reaped, reap_orphans, terminate_server
 from plugins.errors import PipelineError
 from plugins.fsutil import project_root
+from plugins.procenv import passive_openmp
 from plugins.runtimes import openai_server_releases
 
 log = logging.getLogger("trtpipe")
@@ -184,7 +185,7 @@ def repository_device(model_repository: Path) -> str | None:
 
 def server_environment(environ) -> dict:
     """The environment tritonserver starts with: ``environ`` with every virtualenv's ``bin`` folder taken
-    off PATH.
+    off PATH, and OpenMP threads passive (plugins.procenv) unless ``environ`` says otherwise.
 
     Why: the Python-backend stub embeds the libpython it was linked against and, like any embedded
     CPython, takes its prefix (where the standard library lives) from the first ``python3`` on PATH
@@ -193,7 +194,7 @@ def server_environment(environ) -> dict:
     and the models fail to load with "undefined symbol" in ``lib-dynload``. Packages reach the stub
     through TRTPIPE_PYTHONPATH, not PATH, so nothing else is lost.
     """
-    env = dict(environ)
+    env = passive_openmp(dict(environ))  # the models' processes (the pytorch runtime's engine worker) run torch
     keep, dropped = [], []
     for d in env.get("PATH", "").split(os.pathsep):
         (dropped if d and (Path(d).parent / "pyvenv.cfg").is_file() else keep).append(d)
@@ -293,7 +294,7 @@ class TritonServer(_ServerProcess):
         cfg = self.cfg
         if not (cfg.model_repository / "ensemble" / "config.pbtxt").is_file():
             raise ServerError(f"{cfg.model_repository} is not a model repository built by trtpipe "
-                              "(ensemble/config.pbtxt missing): run `make build-engine` first")
+                              "(ensemble/config.pbtxt missing): run `trtpipe build` first")
         busy = [p for p in (cfg.http_port, cfg.grpc_port, cfg.metrics_port) if not port_free(p, cfg.address)]
         if busy:
             raise ServerError(f"port(s) {busy} on {cfg.address} already in use: stop the process holding them "

@@ -415,9 +415,19 @@ def library_default(build: ResolvedBuild, target: TargetProfile, hf_config: dict
     return perf_model.run_worker(req)[0].get("picks", [])
 
 
-GEMM_TO_RECIPE = {"bfloat16": "none", "fp8_static": "fp8", "fp8": "fp8", "int4_wo": "int4_awq", "sq": "int8_sq",
-                  "nvfp4": "nvfp4"}
-"""aiconfigurator's GEMM quant mode to our recipe (the inverse of QuantRecipe.aiconfigurator_gemm)."""
+def _recipe_by_mode() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for r in QUANT_RECIPES.values():
+        for mode in (r.aiconfigurator_gemm, r.aiconfigurator_moe):
+            if mode:
+                out.setdefault(mode, r.name)
+    return out
+
+
+GEMM_TO_RECIPE = _recipe_by_mode()
+"""aiconfigurator's quant mode to our recipe: the registry inverted (QuantRecipe.aiconfigurator_gemm, then
+aiconfigurator_moe, whose ``fp8`` is also a GEMMQuantMode: FP8 without static activation scales);
+the first recipe in QUANT_RECIPES wins a mode two share (int4_wo: int4_awq, not int4_rtn)."""
 
 
 def judge_pick(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config: dict, slo: Slo,

@@ -1,8 +1,9 @@
 """GPU/CPU target profiles: ``configs/targets/*.yaml`` loaded into one registry.
 
 Each profile gives what the planner and the rules need: compute capability, memory,
-memory bandwidth, FP8 support, interconnect, GPUs per node, the runtimes that can run there,
-and the dtype the portable runtime computes in. Sources are cited in each YAML file.
+memory bandwidth, interconnect, GPUs per node, the runtimes that can run there,
+and the dtype the portable runtime computes in. Sources are cited in each YAML file. What follows from
+the compute capability (FP8 support) is derived from it, not stated again.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from plugins.errors import Problem, SpecError, did_you_mean
+from plugins.resolve import SM_FP8_MIN
 
 TARGETS_DIR = Path(__file__).resolve().parents[1] / "configs" / "targets"
 """The profiles, package data: ``configs/targets`` of the checkout, or of site-packages in an installed copy."""
@@ -38,8 +40,6 @@ class TargetProfile(BaseModel):
     """Memory per device in GiB (GPU memory, or the host budget for cpu)."""
     memory_bandwidth_gbps: float = Field(gt=0)
     """Peak memory bandwidth per device in GB/s (datasheet)."""
-    fp8: bool
-    """Whether the tensor cores support FP8 (SM >= 8.9)."""
     interconnect: str
     """GPU-to-GPU link (nvlink4, pcie4...)."""
     gpus_per_node: int = Field(ge=1)
@@ -57,6 +57,12 @@ class TargetProfile(BaseModel):
         """Compute capability as an int (9.0 -> 90), None for CPU."""
         return None if self.compute_capability is None else self.compute_capability[0] * 10 + \
             self.compute_capability[1]
+
+    @property
+    def fp8(self) -> bool:
+        """Whether the tensor cores support FP8: SM >= :data:`plugins.resolve.SM_FP8_MIN` (Ada 8.9, Hopper 9.0 and
+        later; TensorRT-LLM's ``builder.py`` gates FP8 on ``get_sm_version() >= 89``, the rule the SM gates use)."""
+        return self.sm is not None and self.sm >= SM_FP8_MIN
 
 
 @lru_cache(maxsize=None)

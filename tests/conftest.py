@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 
-import plugins  # noqa: F401  (first: it sets OMP_WAIT_POLICY before any test module imports torch)
+from plugins.procenv import passive_openmp
+
+passive_openmp()  # first: before any test module imports torch
 import shutil
 from pathlib import Path
 

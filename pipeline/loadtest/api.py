@@ -54,7 +54,7 @@ def check_server(cfg: LoadTestConfig) -> dict:
         try:
             client.is_server_live(client_timeout=5.0)
         except InferenceServerException as exc:
-            raise LoadTestError(f"cannot reach Triton at {cfg.url} ({exc.message()}): start it with `make serve`, "
+            raise LoadTestError(f"cannot reach Triton at {cfg.url} ({exc.message()}): start it with `trtpipe serve`, "
                                 "or drop --url so `trtpipe loadtest` starts one") from exc
         models = sorted({m.name for m in client.get_model_repository_index().models})
         if cfg.model not in models:

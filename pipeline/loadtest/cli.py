@@ -167,7 +167,7 @@ def cmd_run(args) -> int:
                 log.info("using the running server recorded in %s (%s)", out_root / "server.json", url)
         if repo is not None and not (Path(repo) / "ensemble" / "config.pbtxt").is_file() and url is None:
             raise PipelineError(f"{repo} is not a model repository (ensemble/config.pbtxt missing): run "
-                                "`make build-engine` first, or pass --url of a running server")
+                                "`trtpipe build` first, or pass --url of a running server")
         if url is None:
             frontend = None
             if args.endpoint != "triton":  # a frontend beside the server, as `trtpipe serve` starts it

@@ -23,6 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the repository root
 
+from plugins.procenv import passive_openmp  # noqa: E402
+
+passive_openmp()  # before torch starts
+
 from tests import bad_input as bi  # noqa: E402
 
 

@@ -24,7 +24,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import plugins  # noqa: F401,E402  (sets OMP_WAIT_POLICY before torch)
+from plugins.procenv import passive_openmp  # noqa: E402
+
+passive_openmp()  # before torch starts
 
 
 def run(model: str, engine: Path, streams: int, work: Path, seed: int = 0) -> dict:

@@ -53,6 +53,10 @@ HERE = Path(__file__).resolve().parent  # scripts/bench: the bench kit (the prod
 ROOT = HERE.parents[1]  # the repository root, whose packages the bench drives
 sys.path.insert(0, str(ROOT))
 
+from plugins.procenv import passive_openmp  # noqa: E402
+
+passive_openmp()  # before torch starts
+
 log = logging.getLogger("bench")
 LLAMA3_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192, rope_theta=500000.0,

@@ -27,6 +27,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from plugins.procenv import passive_openmp  # noqa: E402
+
+passive_openmp()  # before torch starts
+
 PUBLISHED = [  # (model asset, system, tp, isl, osl, output tok/s): perf-overview.md at NVIDIA/TensorRT-LLM 00f37686
     ("llama-3.1-8b", "h200_sxm", 1, 128, 128, 27911), ("llama-3.1-8b", "h200_sxm", 1, 1000, 1000, 17744),
     ("llama-3.1-8b", "h200_sxm", 1, 2048, 2048, 12194),

@@ -25,6 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
+from plugins.procenv import passive_openmp  # noqa: E402
+
+passive_openmp()  # before torch starts
+
 from pipeline.loadtest.api import run_loadtest  # noqa: E402
 from pipeline.loadtest.config import LoadTestConfig  # noqa: E402
 from pipeline.loadtest.selfcheck import serve_repository  # noqa: E402

@@ -26,6 +26,10 @@ HERE = Path(__file__).resolve().parent  # scripts/bench
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
+from plugins.procenv import passive_openmp  # noqa: E402
+
+passive_openmp()  # before torch starts
+
 QUANTS = ["none", "fp8", "int4_rtn", "int4_awq", "w4a8_awq", "int8_sq"]
 GROUP = 64  # SmolLM2's hidden 576 is not a multiple of 128
 

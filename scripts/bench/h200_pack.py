@@ -34,6 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]  # the repository root (scripts/bench/ is two levels down)
 sys.path.insert(0, str(ROOT))
 
+from plugins.procenv import passive_openmp  # noqa: E402
+
+passive_openmp()  # before torch starts
+
 C1 = ["tritonclient==2.73.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
       "typing-inspection==0.4.5", "python-rapidjson==1.25", "psutil==7.2.2", "py-spy==0.4.3"]
 C2 = ["nvidia-modelopt==0.47.0", "omegaconf==2.4.0", "gguf==0.19.0", "accelerate==1.15.0", "rich==13.9.4",

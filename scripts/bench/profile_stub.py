@@ -30,6 +30,10 @@ HERE = Path(__file__).resolve().parent  # scripts/bench
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
+from plugins.procenv import passive_openmp  # noqa: E402
+
+passive_openmp()  # before torch starts
+
 
 def stub_pid(model: str = "tensorrt_llm") -> str:
     """PID of the stub serving ``model`` (its command line names <repo>/<model>/1/model.py)."""

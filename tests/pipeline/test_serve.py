@@ -28,7 +28,7 @@ def test_busy_port_is_reported_before_starting(tmp_path):
 
 
 def test_missing_repository_says_what_to_run(tmp_path):
-    with pytest.raises(ServerError, match="make build-engine"):
+    with pytest.raises(ServerError, match="trtpipe build"):
         TritonServer(ServerConfig(tmp_path / "nothing")).start()
 
 

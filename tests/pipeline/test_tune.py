@@ -154,3 +154,9 @@ def test_our_pick_against_aiconfigurators_own_default(searched, strict):
                 assert ours.best.goodput_per_gpu >= p["tokens_per_s_per_gpu"], (p, ours.best.candidate)
             else:
                 assert ":" in verdict  # the rule's code and field
+
+
+def test_gemm_to_recipe_is_the_recipe_registry_inverted():
+    """Derived from plugins.recipes (first recipe wins a shared mode): the map tune.py once wrote by hand."""
+    assert tune.GEMM_TO_RECIPE == {"bfloat16": "none", "fp8_static": "fp8", "fp8": "fp8", "int4_wo": "int4_awq",
+                                   "sq": "int8_sq", "nvfp4": "nvfp4"}

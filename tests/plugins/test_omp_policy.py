@@ -1,5 +1,6 @@
-"""trtpipe processes run OpenMP threads passive (plugins/__init__.py): set before torch starts, inherited by the
-processes they start, and a user's own setting wins."""
+"""trtpipe processes run OpenMP threads passive (plugins.procenv, called where they start: the CLI's main, the
+servers' environment): set before torch starts, inherited by the processes they start, and a user's own setting
+wins."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ import sys
 
 from tests.conftest import REPO
 
-PROBE = ("import plugins, os, subprocess, sys; print(os.environ.get('OMP_WAIT_POLICY')); "
-         "print(subprocess.run([sys.executable, '-c', 'import os; print(os.environ.get(\"OMP_WAIT_POLICY\"))'], "
-         "capture_output=True, text=True).stdout.strip())")
+PROBE = """
+import contextlib, io, os, subprocess, sys
+import pipeline.cli
+with contextlib.redirect_stdout(io.StringIO()):
+    pipeline.cli.main(["schema"])  # the CLI's entry point, as `trtpipe schema` runs it
+print(os.environ.get("OMP_WAIT_POLICY"))
+print(subprocess.run([sys.executable, "-c", "import os; print(os.environ.get('OMP_WAIT_POLICY'))"],
+                     capture_output=True, text=True).stdout.strip())
+"""
 
 
 def _run(env):
@@ -33,3 +40,11 @@ def test_the_cli_imports_plugins_before_anything_imports_torch():
     r = subprocess.run([sys.executable, "-c", "import sys, pipeline.cli; print('torch' in sys.modules)"], cwd=REPO,
                        capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False"
+
+
+def test_tritonserver_starts_with_passive_openmp_unless_the_user_said_otherwise():
+    """The served models' processes (the pytorch runtime's engine worker runs torch) inherit it from tritonserver."""
+    from pipeline.serve import server_environment
+
+    assert server_environment({"PATH": "/usr/bin"})["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert server_environment({"PATH": "/usr/bin", "OMP_WAIT_POLICY": "ACTIVE"})["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -81,6 +81,14 @@ def test_a_bad_target_profile_is_named_with_its_fields(tmp_path):
     assert "Traceback" not in text
 
 
+def test_fp8_support_follows_the_compute_capability():
+    """FP8 is derived from the SM (plugins.resolve.SM_FP8_MIN), not stated beside it: the values the profiles'
+    own fp8 flags held."""
+    assert {name: t.fp8 for name, t in registry().items()} == {
+        "a10": False, "a100-40gb": False, "a100-80gb": False, "b200": True, "cpu": False, "h100": True, "h200": True,
+        "l4": True, "l40s": True}
+
+
 def test_family_paths_follow_the_recorded_trtllm_facts():
     """trtllm_build / llmapi traits = TensorRT-LLM 1.2.1's MODEL_MAP and PyTorch-backend registrations, as recorded
     from upstream (tests/facts/trtllm_1_2_1/model_families.json); the ModelOpt QWen name is in MODEL_MAP too."""

@@ -1,6 +1,7 @@
 """bench_h200.py --smoke: the whole measurement's logic on the CPU with a tiny random model.
 
-Not part of the product's suite (`pytest scripts/bench/tests`; slow, about 2 minutes on 2 cores).
+Collected by `make test` (pyproject testpaths), not by `make test-fast`: it starts tritonserver and takes 2 to 7
+minutes on 2 cores.
 """
 
 import json
@@ -19,6 +20,7 @@ from pipeline.serve import TRITON_HOME  # noqa: E402
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(not (TRITON_HOME / "bin" / "tritonserver").is_file(), reason="tritonserver not installed")
 def test_bench_smoke(tmp_path):
     from builders.model_fetch import fetch_embedded
