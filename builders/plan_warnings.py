@@ -315,9 +315,12 @@ def _remote_code_not_run(f: PlanFacts) -> Optional[str]:
 
 @_warning("engine_path_1_2_only")
 def _engine_path_1_2_only(f: PlanFacts) -> Optional[str]:
-    arch = f.arch
-    if (f.build.runtime.builds_trt_engine and arch is not None and "trtllm-llmapi" in RUNTIMES
-            and support(arch, RUNTIMES["trtllm-llmapi"], f.build.recipe).ok):
-        return (f"the engine path (runtime {f.build.settings.runtime}) works with TensorRT-LLM 1.2.x only; runtime "
-                "trtllm-llmapi builds this model for 1.2.1 and every later release")
+    arch, mine = f.arch, f.build.runtime.tensorrt_llm
+    later = next((r for r in RUNTIMES.values() if r.llm_api and r.tensorrt_llm and r.tensorrt_llm.last_minor is None),
+                 None)  # the runtime that follows TensorRT-LLM past the engine path
+    if (f.build.runtime.builds_trt_engine and arch is not None and later is not None and mine and mine.last_minor
+            and support(arch, later, f.build.recipe).ok):
+        return (f"the engine path (runtime {f.build.settings.runtime}) works with TensorRT-LLM "
+                f"{'.'.join(map(str, mine.last_minor))}.x only; runtime {later.name} builds this model for "
+                f"{later.tensorrt_llm.first_text} and every later release")
     return None

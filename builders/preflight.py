@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from builders.llmapi_options import RELEASES, llm_api_options, option_problems
-from builders.plan import (ModelShape, Plan, compute_plan, draft_config, layer_shards, plugin_decisions,
-                           read_hf_config, rope_context, source_code)
+from builders.model_shape import ModelShape, rope_context
+from builders.plan import Plan, compute_plan, draft_config, layer_shards, plugin_decisions, read_hf_config, source_code
 from builders.plan_warnings import human_bytes
 from builders.spec import ResolvedBuild
 from plugins.architectures import ARCHITECTURES, ROPE_TYPES, Architecture, architecture, support

@@ -113,7 +113,7 @@ def test_unsupported_family_is_refused_by_plan_as_by_build(tmp_path):
                                   "gemma-2-9b", "gemma-3-1b", "phi-3-mini", "phi-4", "mixtral-8x7b",
                                   "qwen3-30b-a3b", "qwen1.5-moe-a2.7b"])
 def test_stored_configs_read_as_their_family(name):
-    from builders.plan import ModelShape
+    from builders.model_shape import ModelShape
     from plugins.architectures import architecture
 
     cfg = hf_config(name)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from builders import preflight
-from builders.plan import ModelShape, compute_plan, rope_context
+from builders.model_shape import ModelShape, rope_context
+from builders.plan import compute_plan
 from builders.plan_warnings import HEADROOM_WARN_FRACTION
 from builders.spec import BuildSettings, ModelSource, ResolvedBuild, load_spec
 from pipeline.build import run_build
