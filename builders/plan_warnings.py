@@ -9,15 +9,12 @@ plan it computed). They read the computed plan and what it was computed from, ne
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from builders.spec import ResolvedBuild
 from plugins.architectures import Architecture, architecture, support
 from plugins.runtimes import RUNTIMES
 from plugins.targets import TargetProfile
-
-if TYPE_CHECKING:
-    from builders.plan import Plan
 
 HEADROOM_WARN_FRACTION = 0.9
 """The plan warns when weights + activations + reserve take more than this share of a device's memory. Ours, not an
@@ -44,7 +41,8 @@ def human_bytes(n: Any) -> str:
 class PlanFacts:
     """What a warning reads: the plan as computed and the build, target and config.json it was computed from."""
 
-    plan: "Plan"
+    plan: Any
+    """The builders.plan.Plan computed so far (its memory, KV and performance parts; warnings still empty)."""
     build: ResolvedBuild
     target: TargetProfile
     hf_config: dict
