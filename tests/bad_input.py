@@ -495,7 +495,11 @@ def protocols(model: str) -> tuple[str, ...]:
 
 
 def names_field(message: str, fields: tuple) -> bool:
-    return any(f.lower() in message.lower() for f in fields)
+    """Whether ``message`` names one of ``fields`` as a whole name (case-insensitive): bounded by anything but a
+    letter, digit or underscore, as the messages write them (``'max_tokens'``, ``messages.0.role``, ``n = 99``,
+    ``input_lengths:``). A field ``n`` is not named by "Internal Server Error", ``top_k`` not by ``runtime_top_k``."""
+    return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(f)}(?![A-Za-z0-9_])", message, re.IGNORECASE)
+               for f in fields)
 
 
 def is_traceback(message: str) -> bool:

@@ -46,6 +46,25 @@ def test_the_table_has_twenty_kinds_and_covers_every_model():
     assert {m for _, m in bi.cases()} == set(bi.MODELS)
 
 
+@pytest.mark.parametrize("message, fields, named", [
+    ("n = 99: at most 8", ("n",), True),
+    ("Internal Server Error", ("n",), False),  # the letter n inside words names nothing
+    ("messages.0.role: Input should be 'system' (got 'wizard')", ("role",), True),
+    ("messages: Field required", ("messages",), True),
+    ("unexpected inference input 'runtime_top_k'", ("top_k",), False),
+    ("in ensemble 'ensemble', top_k = -1: must be >= 0", ("top_k",), True),
+    ("input 'max_tokens_total' is unknown", ("max_tokens",), False),
+    ("unexpected datatype TYPE_FP32 for inference input 'MAX_TOKENS'", ("max_tokens",), True),
+    ("inference request batch-size must be <= 8", ("batch-size", "max_batch_size"), True),
+    ("the request body is not JSON: Expecting value", ("JSON",), True),
+    ("the body is JSONL", ("JSON",), False),
+    ("stop = true needs the request_id of the request to stop", ("stop", "request_id"), True),
+    ("the stopping criteria are wrong", ("stop",), False),
+])
+def test_an_error_names_a_field_only_as_a_whole_name(message, fields, named):
+    assert bi.names_field(message, fields) is named
+
+
 @pytest.mark.parametrize("kind,model", bi.cases())
 def test_a_malformed_request_gets_its_own_error_naming_the_field(served, ctx, kind, model):
     _, server, _ = served
