@@ -815,16 +815,23 @@ class FuzzReport:
                 "seconds": round(self.seconds, 1)}
 
 
-def fuzz(server: Server, seconds: float, seed: int = 0, vocab: int = 49152) -> FuzzReport:
-    """Random requests for ``seconds``: round robin over the models (random tensors) and the OpenAI frontend
+def fuzz(server: Server, seconds: float | None = None, seed: int = 0, vocab: int = 49152,
+         requests: int | None = None) -> FuzzReport:
+    """Random requests: ``requests`` of them (the tests: the same seeded requests on every machine, however busy),
+    else for ``seconds`` (the benchmark); round robin over the models (random tensors) and the OpenAI frontend
     (random bodies, when ``server.frontend_url``); each waits at most TIMEOUT_S for a response."""
+    if (seconds is None) == (requests is None):
+        raise ValueError("fuzz: give seconds or requests, one of them")
     rng = np.random.default_rng(seed)
     specs = model_inputs(server)
     report = FuzzReport()
     targets = list(MODELS) + (["openai"] if server.frontend_url else [])
     t0 = time.perf_counter()
     i = 0
-    while time.perf_counter() - t0 < seconds:
+    def more() -> bool:
+        return i < requests if requests is not None else time.perf_counter() - t0 < seconds
+
+    while more():
         target = targets[i % len(targets)]
         i += 1
         report.sent[target] += 1
