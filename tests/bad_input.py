@@ -495,7 +495,11 @@ def protocols(model: str) -> tuple[str, ...]:
 
 
 def names_field(message: str, fields: tuple) -> bool:
-    return any(f.lower() in message.lower() for f in fields)
+    """Whether ``message`` names one of ``fields`` as a whole name (case-insensitive): bounded by anything but a
+    letter, digit or underscore, as the messages write them (``'max_tokens'``, ``messages.0.role``, ``n = 99``,
+    ``input_lengths:``). A field ``n`` is not named by "Internal Server Error", ``top_k`` not by ``runtime_top_k``."""
+    return any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(f)}(?![A-Za-z0-9_])", message, re.IGNORECASE)
+               for f in fields)
 
 
 def is_traceback(message: str) -> bool:
@@ -812,16 +816,23 @@ class FuzzReport:
                 "seconds": round(self.seconds, 1)}
 
 
-def fuzz(server: Server, seconds: float, seed: int = 0, vocab: int = 49152) -> FuzzReport:
-    """Random requests for ``seconds``: round robin over the models (random tensors) and the OpenAI frontend
+def fuzz(server: Server, seconds: float | None = None, seed: int = 0, vocab: int = 49152,
+         requests: int | None = None) -> FuzzReport:
+    """Random requests: ``requests`` of them (the tests: the same seeded requests on every machine, however busy),
+    else for ``seconds`` (the benchmark); round robin over the models (random tensors) and the OpenAI frontend
     (random bodies, when ``server.frontend_url``); each waits at most TIMEOUT_S for a response."""
+    if (seconds is None) == (requests is None):
+        raise ValueError("fuzz: give seconds or requests, one of them")
     rng = np.random.default_rng(seed)
     specs = model_inputs(server)
     report = FuzzReport()
     targets = list(MODELS) + (["openai"] if server.frontend_url else [])
     t0 = time.perf_counter()
     i = 0
-    while time.perf_counter() - t0 < seconds:
+    def more() -> bool:
+        return i < requests if requests is not None else time.perf_counter() - t0 < seconds
+
+    while more():
         target = targets[i % len(targets)]
         i += 1
         report.sent[target] += 1

@@ -6,13 +6,14 @@ tests/assets/ holding the model's config.json); its single ``targets`` key is th
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from builders import preflight
+from builders import perf_model, preflight
 from plugins.errors import SpecError
 from builders.plan import compute_plan
 from builders.preflight import make_plan
@@ -46,19 +47,26 @@ def test_there_are_at_least_40_invalid_specs():
     assert len(INVALID) >= 40
 
 
+def _no_process(*args, **kwargs):
+    raise AssertionError(f"a rule started a process ({args[:1]}): the rules only read the spec and config.json")
+
+
 @pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
-def test_invalid_spec_is_rejected_with_field_and_code(path):
+def test_invalid_spec_is_rejected_with_field_and_code(path, monkeypatch):
+    """Rejected from the spec and config.json alone (fast because nothing runs: no process, no perf model),
+    naming the field and the rule."""
     field, code, _ = _header(path)
+    monkeypatch.setattr(subprocess, "Popen", _no_process)
+    monkeypatch.setattr(perf_model, "run_worker", _no_process)
     t0 = time.perf_counter()
     problems = _problems(path)
     elapsed = time.perf_counter() - t0
-    print(f"{path.stem}: rejected in {elapsed * 1000:.1f} ms")
+    print(f"{path.stem}: rejected in {elapsed * 1000:.1f} ms")  # information only: no speed is asserted
     found = [(p.field, p.code) for p in problems]
     assert (field, code) in found, f"expected ({field}, {code}), got {found}"
     for p in problems:  # every message names the value, the rule and the fix
         assert p.rule and p.fix and p.field
         assert p.field in str(SpecError([p]))
-    assert elapsed < 5.0  # target is < 1 s; loose bound for a loaded CI box
 
 
 def test_all_problems_are_reported_at_once(llama3_8b, tmp_path):

@@ -31,6 +31,27 @@ def test_schedule_is_seeded():
     assert np.array_equal(arrival_offsets(5, 10, seed=1), arrival_offsets(5, 10, seed=1))
 
 
+@pytest.mark.parametrize("burstiness", [1.0, 0.5, 2.0])
+def test_different_seeds_give_different_schedules(burstiness):
+    schedules = [arrival_offsets(5, 10, burstiness=burstiness, seed=s) for s in range(5)]
+    for i in range(len(schedules)):
+        for j in range(i + 1, len(schedules)):
+            assert not np.array_equal(schedules[i], schedules[j]), (i, j, schedules[i])
+            assert not np.any(schedules[i] == schedules[j]), (i, j)  # not even one send time in common
+
+
+def test_the_seed_alone_decides_the_schedule():
+    """Neither numpy's global generator nor the calls made before it change a seeded schedule; the default seed
+    is a seed like any other (0)."""
+    first = arrival_offsets(5, 10, seed=11)
+    np.random.seed(12345)
+    np.random.random(100)
+    arrival_offsets(5, 10, seed=99)
+    assert np.array_equal(arrival_offsets(5, 10, seed=11), first)
+    assert np.array_equal(arrival_offsets(5, 10), arrival_offsets(5, 10, seed=0))
+    assert not np.array_equal(arrival_offsets(5, 10), first)
+
+
 @pytest.mark.parametrize("rate,burst", [(-1, 1.0), (0, 1.0), (1, 0)])
 def test_bad_schedule_arguments(rate, burst):
     with pytest.raises(ValueError):

@@ -2,19 +2,17 @@
 
 Naming one of the model's end ids keeps the others (before: the client's end_id alone, so a Llama-3 style list
 stopped working); any other id replaces them (what `loadtest --ignore-eos` relies on). Both the preprocessing model
-(which sends the other end ids as one-token stop words to every runtime) and the portable runtime follow it.
+(which sends the other end ids as one-token stop words to every runtime; checked on the served default build) and
+the portable runtime follow it.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import numpy as np
 import pytest
 
-from builders.model_fetch import resolve_source
 from tests.templates import template_module
 
 sampling = template_module("tensorrt_llm_pytorch", "sampling")
@@ -26,40 +24,37 @@ def test_the_portable_runtime_keeps_the_models_other_end_ids(sent, expected):
     assert sampling.request_end_ids(sent, MODEL_END_IDS) == expected
 
 
-class _T:
-    def __init__(self, arr):
-        self._a = np.asarray(arr)
+def _end_words(server, end_id=None):
+    """Ask the served preprocessing model (gRPC) for a prompt's end id and stop words: (OUT_END_ID, the one-token
+    stop words of STOP_WORDS_IDS)."""
+    import tritonclient.grpc as grpcclient
 
-    def as_numpy(self):
-        return self._a
+    def tensor(name, arr, dtype):
+        t = grpcclient.InferInput(name, list(arr.shape), dtype)
+        t.set_data_from_numpy(arr)
+        return t
 
-
-@pytest.fixture
-def preprocessing(monkeypatch):
-    pb = types.ModuleType("triton_python_backend_utils")
-    pb.Tensor = lambda name, arr: (name, np.asarray(arr))
-    pb.get_input_tensor_by_name = lambda request, name: request.get(name)
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
-    mod = template_module("preprocessing")
-    model = mod.TritonPythonModel()
-    params = {"tokenizer_dir": str(resolve_source("embedded:smollm2-135m-instruct")), "max_input_len": "64",
-              "max_seq_len": "128", "end_id": "2", "pad_id": "2", "stop_token_ids": "0,1"}
-    model.initialize({"model_config": json.dumps({"parameters": {k: {"string_value": v} for k, v in params.items()}})})
-    return model
-
-
-def _end_words(model, end_id=None):
-    req = {"QUERY": _T([b"Hello"]), "REQUEST_OUTPUT_LEN": _T([[8]])}
+    inputs = [tensor("QUERY", np.array([[b"Hello"]], dtype=object), "BYTES"),
+              tensor("REQUEST_OUTPUT_LEN", np.array([[8]], np.int32), "INT32")]
     if end_id is not None:
-        req["END_ID"] = _T([[end_id]])
-    out = dict(model._tensors(req))
-    words = out["STOP_WORDS_IDS"][0]
+        inputs.append(tensor("END_ID", np.array([[end_id]], np.int32), "INT32"))
+    client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
+    try:
+        result = client.infer("preprocessing", inputs, client_timeout=60)
+    finally:
+        client.close()
+    words = result.as_numpy("STOP_WORDS_IDS")[0]
     ids, offs = words[0], [o for o in words[1] if o >= 0]
-    return int(out["OUT_END_ID"][0, 0]), [int(ids[o - 1]) for o in offs]
+    return int(result.as_numpy("OUT_END_ID")[0, 0]), [int(ids[o - 1]) for o in offs]
 
 
-def test_preprocessing_keeps_the_models_other_end_ids_as_stop_words(preprocessing):
-    assert _end_words(preprocessing) == (2, [0, 1])
-    assert _end_words(preprocessing, 1) == (1, [2, 0])  # one of the model's: the others still stop it
-    assert _end_words(preprocessing, 99) == (99, [])  # another id: the client's choice alone
+@pytest.mark.e2e
+def test_preprocessing_keeps_the_models_other_end_ids_as_stop_words(default_server, built_default):
+    """Through the served default build (tritonserver, its generated repository): SmolLM2's generation_config.json
+    lists the end ids [2, 0], which reach the preprocessing model's config as end_id 2 and stop_token_ids 0."""
+    eos = json.loads((built_default / "engine" / "generation_config.json").read_text())["eos_token_id"]
+    assert eos == [2, 0], f"the default build's end ids changed: {eos} (this test's expectations assume [2, 0])"
+    assert _end_words(default_server) == (2, [0])
+    assert _end_words(default_server, 0) == (0, [2])  # one of the model's: the others still stop it
+    assert _end_words(default_server, 2) == (2, [0])
+    assert _end_words(default_server, 99) == (99, [])  # another id: the client's choice alone

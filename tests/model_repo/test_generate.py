@@ -100,14 +100,24 @@ def _mutate_engine(engine, **changes):
     (engine / "engine.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("case, code", [
-    ("limits", "limits_differ_from_engine"),
-    ("world", "world_size_differs_from_engine"),
-    ("vocab", "tokenizer_vocab_above_engine"),
-    ("no_tokenizer", "tokenizer_missing"),
-    ("not_decoupled", "pytorch_needs_decoupled"),
-])
-def test_each_cross_check_refuses_an_inconsistent_repository(fake_engine, tmp_path, case, code):
+CROSS_CHECKS = [  # case, the problem's field, its code, what its message says
+    ("limits", "limits.max_seq_len", "limits_differ_from_engine",
+     "limits.max_seq_len = 2048: the engine was built with max_seq_len = 1024"),
+    ("world", "parallelism", "world_size_differs_from_engine",
+     "world_size tp x pp = 1 but the engine was built for world_size 2"),
+    ("vocab", "model.source", "tokenizer_vocab_above_engine",
+     "the tokenizer has 49152 ids but the engine's vocab_size is 1000"),
+    ("no_tokenizer", "model.source", "tokenizer_missing",
+     "no tokenizer files (tokenizer.json / tokenizer_config.json) in the tokenizer folder"),
+    ("triton_batch", "serving.triton_max_batch_size", "triton_batch_vs_engine",
+     "serving.triton_max_batch_size = 16: exceeds the engine's max_batch_size 8"),
+]
+
+
+@pytest.mark.parametrize("case, field, code, says", [pytest.param(*c, id=f"{c[0]}-{c[2]}") for c in CROSS_CHECKS])
+def test_each_cross_check_refuses_an_inconsistent_repository(fake_engine, tmp_path, case, field, code, says):
+    """Each inconsistency is refused by the repository's own cross-check, with the one problem it is about (its
+    field, code and message), not by any other error."""
     from model_repo.generate import RepositoryError
 
     serving = {}
@@ -120,19 +130,26 @@ def test_each_cross_check_refuses_an_inconsistent_repository(fake_engine, tmp_pa
     elif case == "no_tokenizer":
         (fake_engine / "tokenizer.json").unlink()
         (fake_engine / "tokenizer_config.json").unlink()
-    else:  # not_decoupled
-        serving = {"streaming": False}
-    try:
-        with pytest.raises(RepositoryError) as err:
-            _plan(fake_engine, **serving)
-    except Exception as exc:  # the spec itself may already refuse the combination (also fine)
-        from plugins.errors import SpecError
-        if not isinstance(exc, SpecError):
-            raise
-        return
+    else:  # triton_batch: the built engine's max_batch_size (8) is below Triton's
+        serving = {"triton_max_batch_size": 16}
+    with pytest.raises(RepositoryError) as err:
+        _plan(fake_engine, **serving)
     assert code in err.value.codes(), str(err.value)
+    assert [(p.field, p.code) for p in err.value.problems] == [(field, code)], str(err.value)
+    assert says in str(err.value)
     assert " = " in str(err.value) and "Fix:" in str(err.value)
     assert not (tmp_path / "repo").exists()
+
+
+def test_spec_only_rules_are_the_preflights_alone(fake_engine):
+    """The generator checks the built engine's facts only: a rule of the spec alone (the portable runtime needs the
+    decoupled policy) is builders.preflight's, with its one code, refused before any stage runs."""
+    from builders import preflight
+
+    build, plan = _plan(fake_engine, streaming=False)  # the repository plan raises nothing of its own
+    assert plan.models
+    codes = [p.code for p in preflight.spec_problems(build, get_target("cpu"))]
+    assert codes == ["pytorch_needs_decoupled"]
 
 
 @pytest.fixture

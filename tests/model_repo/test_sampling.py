@@ -67,9 +67,19 @@ def test_seeded_sampling_repeats_and_seeds_differ(runner):
     assert any(o != a for o in others)
 
 
+def _repeats(tokens):
+    return len(tokens) - len(set(tokens))
+
+
 def test_repetition_penalty_reduces_repeats(runner):
+    """The greedy answer of the tiny random model repeats itself (a precondition, checked: otherwise there would
+    be nothing to reduce); the same request with a repetition penalty repeats less, here not at all."""
     plain, _ = runner(max_new=24)
+    assert len(plain) == 24 and _repeats(plain) >= 12, f"precondition: the unpenalised answer repeats: {plain}"
     penalised, _ = runner(max_new=24, repetition_penalty=10.0)
+    assert len(penalised) == len(plain), (plain, penalised)
+    assert _repeats(penalised) < _repeats(plain), (plain, penalised)
+    assert _repeats(penalised) == 0, penalised
     assert len(set(penalised)) > len(set(plain)) or len(set(penalised)) == len(penalised), (plain, penalised)
 
 

@@ -355,8 +355,12 @@ def test_a_request_cancelled_while_queued_leaves_the_queue_at_once(server, engin
         for client in clients:  # a stream closed without cancel_requests waits for its requests to end
             client.stop_stream(cancel_requests=True)
             client.close()
+    requests = _counter(server, "requests")
     assert "Paris" in _text(server, _chat(engine_dir, "What is the capital of France?"), 16, model=model
                             if model != "tensorrt_llm" else "ensemble")[0]
+    # the answered request is counted in a later publication than every cancellation: no late double count by then
+    assert _wait_published(server, "requests", requests + 1, timeout_s=30) >= requests + 1
+    assert _counter(server, "cancelled") == cancelled0 + queued + 8, "a cancellation was counted twice, late"
 
 
 def _wait_steady(server, family, state, steady_s=1.0, timeout_s=60.0):
@@ -372,11 +376,16 @@ def _wait_steady(server, family, state, steady_s=1.0, timeout_s=60.0):
 
 
 def _wait_published_total(server, want, timeout_s=30.0):
+    """The cancelled total once it reaches ``want`` (polled; published every cancellation_check_period_ms); an
+    AssertionError naming both values when it does not within ``timeout_s``. A count above ``want`` is returned
+    as it is (the caller's equality shows it); a late double count shows at the next call and at the test's end,
+    once every request has ended."""
     deadline = time.monotonic() + timeout_s
-    while _counter(server, "cancelled") < want and time.monotonic() < deadline:
+    while (got := _counter(server, "cancelled")) < want:
+        assert time.monotonic() < deadline, \
+            f"trtpipe_runtime_total{{kind=\"cancelled\"}} is {got} after {timeout_s:.0f} s, want {want}"
         time.sleep(0.1)
-    time.sleep(0.3)  # a late double count would show here
-    return _counter(server, "cancelled")
+    return got
 
 
 def _log_probs(server, text):

@@ -3,7 +3,8 @@ folders where trtpipe writes.
 
 `trtpipe build` runs in child processes on the tiny random Llama (portable pytorch runtime, cpu target). After a
 fault only finished stage folders exist (their files equal a clean build's), a rerun completes, and an error names
-the path and the fix. The full and read-only disks are tmpfs mounts: root only, skipped where mount is refused.
+the path and the fix. The full and read-only disks are tmpfs mounts (root, CAP_SYS_ADMIN, or a user and mount
+namespace: `unshare --user --map-root-user --mount`); where mounting is refused those tests fail, never skip.
 """
 
 from __future__ import annotations
@@ -92,14 +93,20 @@ def clean(tmp_path_factory, tiny_llama) -> Clean:
 
 @contextlib.contextmanager
 def _tmpfs(path: Path, size: str, *, read_only: bool = False):
-    """A tmpfs of ``size`` at ``path`` for the block, unmounted after it (skip where mounting is not permitted)."""
+    """A tmpfs of ``size`` at ``path`` for the block, unmounted after it. Where mounting is not permitted the test
+    fails (never skips): the disk faults are then not tested. A full disk (ENOSPC) and a read-only mount (EROFS) are
+    what the product's messages are about; a file-size limit (EFBIG) or a chmod-ed folder (EACCES, and nothing for
+    root) take other paths. Unprivileged, run the suite in a user and mount namespace, where tmpfs mounts work:
+    ``unshare --user --map-root-user --mount .venv/bin/python -m pytest ...``."""
+    how = ("run the tests as root, with CAP_SYS_ADMIN, or unprivileged under `unshare --user --map-root-user "
+           "--mount` (a tmpfs mount needs one of them)")
     if shutil.which("mount") is None:
-        pytest.skip("no mount command here")
+        pytest.fail(f"no mount command here: the disk-fault tests need one to mount a tmpfs ({how})")
     path.mkdir(parents=True, exist_ok=True)
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}" + (",ro" if read_only else ""), "tmpfs",
                           str(path)], capture_output=True, text=True)
     if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs at {path} (needs root or CAP_SYS_ADMIN): {res.stderr.strip()}")
+        pytest.fail(f"cannot mount a tmpfs at {path}: {res.stderr.strip()}. The disk faults are not tested: {how}")
     try:
         yield path
     finally:

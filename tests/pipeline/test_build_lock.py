@@ -33,8 +33,26 @@ def test_second_build_waits_for_the_first(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()  # the lock lives in the cache, not in the output folder
 
 
+def _take(folder: str, got) -> None:
+    with build_lock(Path(folder)):
+        got.set()
+
+
 def test_other_folders_do_not_wait(tmp_path, monkeypatch):
+    """While folder a's lock is held, another process gets folder b's lock. The bound is a hang guard only (a
+    lock shared by every folder would block the child forever): the child is killed and the test fails."""
     monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
+    ctx = mp.get_context("fork")
+    got = ctx.Event()
     with build_lock(tmp_path / "a"):
-        with build_lock(tmp_path / "b"):
-            pass
+        p = ctx.Process(target=_take, args=(str(tmp_path / "b"), got))
+        p.start()
+        try:
+            obtained = got.wait(60)
+        finally:
+            if p.is_alive() and not obtained:
+                p.kill()
+            p.join(30)
+        assert obtained, "folder b's lock was not obtained while folder a's was held: one lock for every folder"
+        assert p.exitcode == 0
+    assert len(list((tmp_path / "cache" / "locks").glob("*.lock"))) == 2  # one lock file per folder
