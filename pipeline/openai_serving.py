@@ -342,6 +342,7 @@ async def _until_disconnect(request, items: AsyncIterator[Delta]) -> AsyncIterat
                     return
             else:
                 nxt.cancel()
+                await asyncio.wait({nxt})  # let the cancel land first: closing `it` while it runs raises
                 raise _Disconnected()
     finally:
         watcher.cancel()

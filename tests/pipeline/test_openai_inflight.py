@@ -135,7 +135,7 @@ def test_a_streamed_answer_is_counted_until_its_last_event(tokenizer_dir):
     assert triton.seen == [1, 1, 1] and after == 0 and triton.closed == 1
 
 
-@pytest.mark.parametrize("stream", [True])
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_leaves_mid_answer_is_counted_out_and_cancelled(tokenizer_dir, stream):
     """As uvicorn serves (ASGI 2.3): Starlette sees the ``http.disconnect`` while Triton is still generating."""
     triton = ScriptedTriton(WORDS[:2], hang=True, leave_at=2)
