@@ -484,7 +484,7 @@ def send(server: Server, model: str, inputs: dict, protocol: str, request_id: st
                 return reply
     finally:
         # after its final response a request is never cancelled: cancelling a finished BLS request crashes
-        # tritonserver 2.51 (TRITONBACKEND_ResponseFactoryIsCancelled; pipeline/openai_frontend.py drains alike)
+        # tritonserver 2.51 (TRITONBACKEND_ResponseFactoryIsCancelled; pipeline/openai_triton.py drains alike)
         if protocol == "stream":
             client.stop_stream(cancel_requests=False)
         client.close()

@@ -1,0 +1,265 @@
+"""OpenAI request -> Triton request, for the OpenAI-compatible frontend (pipeline.openai_frontend).
+
+One job: read an OpenAI ``/v1/chat/completions`` or ``/v1/completions`` body (the fields this frontend reads;
+unknown fields are ignored, as OpenAI's are), check it against what is served (:class:`FrontendConfig`), and turn
+it into a prompt, ``max_tokens``, stop words and the BLS model's extra inputs (:func:`prepare`). Every refusal is
+an :class:`APIError` (OpenAI's ``{"error": {"message", "type", "param", "code"}}`` body and an HTTP status).
+
+Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Not
+supported, answered with 400: ``logprobs``, tools / function calling, ``response_format`` other than text, several
+prompts in one completion request, ``echo``, ``suffix``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NamedTuple, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's documented default of ``max_tokens`` for ``/v1/completions``; chat defaults to what the context holds."""
+
+
+@dataclass
+class FrontendConfig:
+    """What the frontend serves and where it sends requests."""
+
+    grpc_url: str
+    """Triton's gRPC ``host:port``."""
+    model: str
+    """The served model id (the build name): requests naming another get 404."""
+    tokenizer_dir: Path
+    max_input_len: int
+    max_seq_len: int
+    add_special_tokens: bool = False
+    """As the repository's preprocessing model tokenizes (its ``add_special_tokens`` parameter)."""
+    triton_model: str = "tensorrt_llm_bls"
+    """The Triton model requests go to: the BLS model, not the ensemble, because Triton hands an ensemble's
+    cancellation only to its next step, never to the tensorrt_llm step already streaming (docs/deploy.md,
+    "Cancelling"); BLS forwards it, so a client that goes away frees its KV blocks at once."""
+    max_n: int = 8
+    """Most choices per request (``n``; the runtime's num_return_sequences)."""
+    request_timeout_s: float = 600.0
+    trust_remote_code: bool = False
+    """Whether the tokenizer's own code may run (the repository's preprocessing ``trust_remote_code`` parameter:
+    the build file's model.trust_remote_code)."""
+
+
+class APIError(Exception):
+    """An OpenAI-style error: HTTP ``status`` and the body's message, type, param and code."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: Optional[str] = None, code: Optional[str] = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+# ---- request bodies (the OpenAI fields this frontend reads; unknown fields are ignored, as OpenAI's are) ----
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: Optional[int] = Field(None, ge=1)
+    stream: StrictBool = False  # true or false: "no" or 0 would otherwise read as a boolean
+    stream_options: Optional[dict] = None
+    stop: Optional[Union[str, list[str]]] = None
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    seed: Optional[int] = Field(None, ge=0, le=2**64 - 1)  # the ensemble's seed is UINT64
+    n: int = Field(1, ge=1)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    logprobs: Optional[Union[bool, int]] = None
+    ignore_eos: bool = False
+    """vLLM's extension (``vllm bench serve --ignore-eos``, aiperf): generate max_tokens whatever the model says."""
+    min_tokens: Optional[int] = Field(None, ge=0)
+    """vLLM's extension: generate at least this many tokens."""
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[dict]]] = None
+
+
+class ChatBody(_Body):
+    messages: list[_Message] = Field(..., min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+
+
+class CompletionBody(_Body):
+    prompt: Union[str, list[str]]
+    echo: bool = False
+    suffix: Optional[str] = None
+
+
+# ---- body -> prompt --------------------------------------------------------------------------------------------
+
+
+async def read_json(request) -> dict:
+    """The request's body as a JSON object (a Starlette ``Request``); APIError 400 when it is not JSON or not an
+    object."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"the request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    return body
+
+
+def chat_request(tok, raw: dict) -> tuple[ChatBody, str]:
+    """A chat body and its prompt: the messages through the model's chat template (``developer`` read as
+    ``system``; with no template, the contents one a line). APIError 400 on a body that does not validate or a
+    content part that is not text."""
+    try:
+        body = ChatBody.model_validate(raw)
+        messages = [{"role": m.role if m.role != "developer" else "system", "content": _content_text(m.content)}
+                    for m in body.messages]
+        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) \
+            if tok.chat_template else "\n".join(m["content"] for m in messages)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    return body, prompt
+
+
+def completion_request(raw: dict) -> tuple[CompletionBody, str]:
+    """A completion body and its prompt (one string; a list of exactly one string is that string). APIError 400 on
+    a body that does not validate, several prompts, ``echo`` or ``suffix``."""
+    try:
+        body = CompletionBody.model_validate(raw)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    prompt = body.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise APIError(400, "prompt: one string per request (send several requests for several prompts)",
+                           param="prompt")
+        prompt = prompt[0]
+    if body.echo or body.suffix:
+        raise APIError(400, f"{'echo' if body.echo else 'suffix'} is not supported by this server",
+                       param="echo" if body.echo else "suffix")
+    return body, prompt
+
+
+def _content_text(content) -> str:
+    """A message's content as text: a string, or the text parts of a content list (other parts refused)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise APIError(400, f"content part of type {part.get('type')!r}: this model takes text only",
+                           param="messages")
+        if not isinstance(part.get("text", ""), str):
+            raise APIError(400, f"messages: the text of a content part is {type(part['text']).__name__}, not a "
+                                "string: send the text as a string", param="messages")
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def _validation_error(exc: ValidationError) -> APIError:
+    """A pydantic error -> APIError 400 naming the first failing field (``param``: its dotted path)."""
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first.get("loc", ())) or None
+    return APIError(400, f"{param}: {first.get('msg')}" + (f" (got {first['input']!r})" if "input" in first and
+                                                             not isinstance(first["input"], dict) else ""),
+                    param=param)
+
+
+# ---- body -> Triton request ------------------------------------------------------------------------------------
+
+
+class Prepared(NamedTuple):
+    """What one request asks of Triton."""
+
+    n_prompt: int
+    """The prompt's tokens, counted as the preprocessing model counts them."""
+    max_tokens: int
+    """Most tokens to generate per choice (asked, or what the context holds; completions: at most 16)."""
+    stop: list[str]
+    extra: dict
+    """The BLS model's other inputs (temperature, top_p, seed, penalties, num_return_sequences, end_id,
+    min_tokens), only those the request sets."""
+
+
+def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool) -> Prepared:
+    """Check the body against the model and the limits; return prompt tokens, max_tokens, stop, inputs.
+
+    ``tok``: the model's tokenizer (counts the prompt; ``len(tok)`` is the id ``ignore_eos`` stops at). APIError
+    404 for another model, 400 for what is not supported or does not fit (``code`` ``context_length_exceeded``
+    when the prompt, or prompt and max_tokens, exceed max_input_len / max_seq_len)."""
+    if body.model != cfg.model:
+        raise APIError(404, f"model {body.model!r} not found: this server serves {cfg.model!r}", param="model",
+                       code="model_not_found")
+    if body.logprobs:
+        raise APIError(400, "logprobs are not supported by this server", param="logprobs")
+    for key in ("tools", "functions", "tool_choice"):
+        if (body.model_extra or {}).get(key):
+            raise APIError(400, f"{key}: tool and function calling is not supported by this server", param=key)
+    fmt = (body.model_extra or {}).get("response_format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise APIError(400, f"response_format: {fmt!r} is not an object: send {{\"type\": \"text\"}} or leave it "
+                            "out", param="response_format")
+    if fmt and fmt.get("type", "text") != "text":
+        raise APIError(400, f"response_format {fmt.get('type')!r}: only text is supported by this server",
+                       param="response_format")
+    if body.n > cfg.max_n:
+        raise APIError(400, f"n = {body.n}: at most {cfg.max_n}", param="n")
+    if body.n > 1 and body.temperature == 0:
+        raise APIError(400, f"n = {body.n} with temperature 0 (greedy) gives {body.n} identical choices: send a "
+                            "temperature above 0 for several", param="n")
+    field = "messages" if chat else "prompt"
+    _check_text(prompt, field)
+    if not prompt.strip():
+        raise APIError(400, f"{field}: the prompt is empty: send some text", param=field)
+    n_prompt = len(tok.encode(prompt, add_special_tokens=cfg.add_special_tokens))
+    if n_prompt > cfg.max_input_len:
+        raise APIError(400, f"{field}: the prompt is {n_prompt} tokens; this model takes at most "
+                            f"{cfg.max_input_len} (max_input_len)", param=field, code="context_length_exceeded")
+    room = cfg.max_seq_len - n_prompt
+    asked = (getattr(body, "max_completion_tokens", None) or body.max_tokens) if chat else body.max_tokens
+    if asked is not None and asked > room:
+        raise APIError(400, f"max_tokens {asked} + prompt {n_prompt} tokens exceed the context of "
+                            f"{cfg.max_seq_len} (max_seq_len)", param="max_tokens", code="context_length_exceeded")
+    max_tokens = asked or (room if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room))
+    if body.min_tokens and body.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens = {body.min_tokens} exceeds max_tokens = {max_tokens}: lower min_tokens "
+                            "or raise max_tokens", param="min_tokens")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    for word in stop:
+        _check_text(word, "stop")
+    extra: dict = {}
+    temperature = 1.0 if body.temperature is None else body.temperature
+    if temperature > 0.0:  # 0: nothing sent, the runtimes' default is greedy (top_k and top_p unset)
+        extra.update(temperature=temperature, top_p=1.0 if body.top_p is None else body.top_p)
+    if body.seed is not None:
+        extra["seed"] = body.seed
+    for key in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, key) is not None:
+            extra[key] = getattr(body, key)
+    if body.n > 1:
+        extra["num_return_sequences"] = body.n
+    if body.ignore_eos:
+        extra["end_id"] = len(tok)  # an id past the vocabulary is never generated: runs to max_tokens
+    if body.min_tokens:
+        extra["min_tokens"] = body.min_tokens
+    return Prepared(n_prompt, max_tokens, stop, extra)
+
+
+def _check_text(text: str, field: str) -> None:
+    """APIError 400 naming ``field`` when ``text`` holds a lone surrogate (a JSON "\\ud800" escape): not UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise APIError(400, f"{field}: {text[exc.start]!r} at offset {exc.start} is not a Unicode character (a lone "
+                            "surrogate escape): send valid text", param=field) from None

@@ -1,0 +1,356 @@
+"""The OpenAI frontend's answers: one :class:`Serving` per application, between the routes and Triton.
+
+One job: answer each OpenAI request from Triton's streamed responses, as OpenAI's ``chat.completion`` /
+``chat.completion.chunk`` / ``text_completion`` objects (the whole answer, or server-sent events ending with
+``data: [DONE]``), and keep ``/metrics``' counters. A request is counted in flight in one place, for its whole
+life: from the call to Triton to the last event sent, or to the client going away (:meth:`Serving._life`).
+
+Token counts: ``completion_tokens`` are the server's (``num_output_tokens`` of each response); ``prompt_tokens``
+are counted here with the model's tokenizer the way the preprocessing model counts them (same tokenizer folder,
+same ``add_special_tokens``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterator, Optional, Union
+
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from pipeline.openai_requests import (APIError, FrontendConfig, Prepared, _Body, chat_request, completion_request,
+                                      prepare, read_json)
+from pipeline.openai_triton import Delta, Triton
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+"""The two generating routes (also the ``endpoint`` label of ``/metrics``)."""
+
+
+@dataclass
+class Metrics:
+    """Counters for ``/metrics`` (Prometheus text exposition format 0.0.4)."""
+
+    requests: dict = field(default_factory=dict)  # (endpoint, status) -> count
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    inflight: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+    cancelled: int = 0
+
+    def count(self, endpoint: str, status: int) -> None:
+        self.requests[(endpoint, status)] = self.requests.get((endpoint, status), 0) + 1
+
+    @contextlib.contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Count one request in flight for as long as the ``with`` block runs, however it ends."""
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
+
+    def text(self) -> str:
+        lines = ["# HELP trtpipe_openai_requests_total Requests answered, by endpoint and HTTP status.",
+                 "# TYPE trtpipe_openai_requests_total counter"]
+        lines += [f'trtpipe_openai_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+                  for (e, s), n in sorted(self.requests.items())]
+        lines += ["# HELP trtpipe_openai_tokens_total Tokens: prompt (counted here), completion (the server's).",
+                  "# TYPE trtpipe_openai_tokens_total counter",
+                  f'trtpipe_openai_tokens_total{{kind="prompt"}} {self.prompt_tokens}',
+                  f'trtpipe_openai_tokens_total{{kind="completion"}} {self.completion_tokens}',
+                  "# HELP trtpipe_openai_inflight_requests Requests being answered now.",
+                  "# TYPE trtpipe_openai_inflight_requests gauge",
+                  f"trtpipe_openai_inflight_requests {self.inflight}",
+                  "# HELP trtpipe_openai_cancelled_total Requests whose client went away before the end.",
+                  "# TYPE trtpipe_openai_cancelled_total counter",
+                  f"trtpipe_openai_cancelled_total {self.cancelled}",
+                  "# HELP trtpipe_openai_time_to_first_token_seconds Time from request to first token.",
+                  "# TYPE trtpipe_openai_time_to_first_token_seconds summary",
+                  f"trtpipe_openai_time_to_first_token_seconds_sum {self.ttft_sum}",
+                  f"trtpipe_openai_time_to_first_token_seconds_count {self.ttft_count}"]
+        return "\n".join(lines) + "\n"
+
+
+_EVENTS = object()
+"""What :meth:`Serving._life` yields first when the answer streams: its events follow."""
+
+
+class Serving:
+    """The frontend's state (the served config, the tokenizer, the Triton client, the counters) and its answers.
+
+    ``tok``: the model's tokenizer (chat template, prompt counts); ``triton``: the client to use, by default one
+    on ``cfg.grpc_url``, made at the first request that needs it. Each answer is a response or a JSON-able dict."""
+
+    def __init__(self, cfg: FrontendConfig, tok: Any, triton: Optional[Triton] = None):
+        self.cfg, self.tok = cfg, tok
+        self.metrics = Metrics()
+        self.created = int(time.time())
+        self._triton = triton
+
+    @property
+    def triton(self) -> Triton:
+        if self._triton is None:
+            self._triton = Triton(self.cfg)
+        return self._triton
+
+    def error(self, endpoint: str, err: APIError) -> JSONResponse:
+        """``err`` as OpenAI's error body with its status, counted for ``endpoint``."""
+        self.metrics.count(endpoint, err.status)
+        return JSONResponse(err.body(), status_code=err.status)
+
+    def invalid(self, path: str, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's own validation error on ``path`` as an OpenAI 400 naming the field."""
+        first = exc.errors()[0] if exc.errors() else {}
+        param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        return self.error(path, APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param=param))
+
+    async def health(self) -> JSONResponse:
+        """200 ``{"status": "ok"}`` when Triton and its model are ready, else 503 ``{"status": "unavailable"}``."""
+        ok = await self.triton.ready()
+        return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
+
+    def prometheus(self) -> PlainTextResponse:
+        return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [self._model_card()]}
+
+    def model(self, model_id: str) -> Union[dict, JSONResponse]:
+        """The served model's card; 404 ``model_not_found`` for another id."""
+        if model_id != self.cfg.model:
+            return self.error("/v1/models", APIError(404, f"model {model_id!r} not found: this server serves "
+                                                          f"{self.cfg.model!r}", param="model",
+                                                     code="model_not_found"))
+        return self._model_card()
+
+    def _model_card(self) -> dict:
+        return {"id": self.cfg.model, "object": "model", "created": self.created, "owned_by": "trtpipe"}
+
+    async def answer(self, request, chat: bool):
+        """Answer one ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` request (a Starlette ``Request``):
+        an OpenAI error for a request refused or failed before its first token, else the whole answer (a dict), or,
+        for ``stream: true``, its server-sent events. 499 with ``{}`` when the client goes away before a
+        non-streamed answer is complete."""
+        endpoint = CHAT if chat else COMPLETIONS
+        try:
+            raw = await read_json(request)
+            body, prompt = chat_request(self.tok, raw) if chat else completion_request(raw)
+            asked = prepare(self.cfg, self.tok, body, prompt, chat)
+        except APIError as err:
+            return self.error(endpoint, err)
+        life = self._life(request, endpoint, body, prompt, asked, chat)
+        response = await life.__anext__()
+        if response is _EVENTS:
+            return _EventStream(life, media_type="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await life.aclose()
+        return response
+
+    async def _life(self, request, endpoint: str, body: _Body, prompt: str, asked: Prepared,
+                    chat: bool) -> AsyncIterator[Any]:
+        """One request's whole life in Triton, counted in flight (the only place that counts it) until it ends:
+        answered, failed, or given up by its client (the generator closed). Yields the answer first (an error
+        response, the whole answer, or ``_EVENTS``), then, when streaming, the events (bytes)."""
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        t0 = time.perf_counter()
+        stream = self.triton.generate(prompt, asked.max_tokens, asked.stop, asked.extra)
+        with self.metrics.in_flight():
+            try:  # the first response decides the status code: an error before any token is a plain HTTP error
+                first = await stream.__anext__()
+            except StopAsyncIteration:
+                first = None
+            except APIError as err:
+                yield self.error(endpoint, err)
+                return
+            self.metrics.ttft_sum += time.perf_counter() - t0
+            self.metrics.ttft_count += 1
+            self.metrics.prompt_tokens += asked.n_prompt
+            deltas = _prepend(first, stream)
+            if not body.stream:
+                yield await self._whole(request, endpoint, body, asked, chat, rid, deltas)
+                return
+            sse = Events(rid, self.cfg.model, chat, bool((body.stream_options or {}).get("include_usage")))
+            yield _EVENTS
+            async with contextlib.aclosing(self._events(endpoint, body.n, asked, sse, deltas, stream)) as events:
+                async for event in events:
+                    yield event
+
+    async def _whole(self, request, endpoint: str, body: _Body, asked: Prepared, chat: bool, rid: str,
+                     deltas: AsyncIterator[Delta]):
+        """The non-streamed answer: every choice's text gathered, or an error, or 499 when the client goes away."""
+        texts, counts = [""] * body.n, [0] * body.n
+        try:
+            async for d in _until_disconnect(request, deltas):
+                texts[d.index] += d.text
+                counts[d.index] += d.tokens
+        except APIError as err:
+            return self.error(endpoint, err)
+        except _Disconnected:
+            self.metrics.cancelled += 1
+            return JSONResponse({}, status_code=499)
+        self.metrics.completion_tokens += sum(counts)
+        self.metrics.count(endpoint, 200)
+        reasons = [_finish(c, asked.max_tokens) for c in counts]
+        if chat:
+            choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": None,
+                        "finish_reason": reasons[i]} for i in range(body.n)]
+        else:
+            choices = [{"index": i, "text": texts[i], "logprobs": None, "finish_reason": reasons[i]}
+                       for i in range(body.n)]
+        return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                "model": self.cfg.model, "choices": choices, "usage": _usage(asked.n_prompt, sum(counts))}
+
+    async def _events(self, endpoint: str, n: int, asked: Prepared, sse: Events, deltas: AsyncIterator[Delta],
+                      stream: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
+        """The streamed answer's events for ``n`` choices; an error after the first token goes in the stream (the
+        status is sent already). Closed before its end (the client went away): counted cancelled, and ``stream``
+        closed, which cancels the request in Triton."""
+        counts = [0] * n
+        finished = False
+        try:
+            if sse.chat:
+                for i in range(n):
+                    yield sse.role(i)
+            async for d in deltas:
+                counts[d.index] += d.tokens
+                if d.text:
+                    yield sse.content(d.index, d.text)
+            for i in range(n):
+                yield sse.finish(i, _finish(counts[i], asked.max_tokens))
+            if sse.include_usage:
+                yield sse.usage(_usage(asked.n_prompt, sum(counts)))
+            yield DONE
+            finished = True
+            self.metrics.count(endpoint, 200)
+        except APIError as err:
+            self.metrics.count(endpoint, err.status)
+            yield _sse(err.body())
+            yield DONE
+            finished = True
+        finally:
+            self.metrics.completion_tokens += sum(counts)
+            if not finished:  # the client went away: the generator was closed, the gRPC stream cancelled
+                self.metrics.cancelled += 1
+                await stream.aclose()
+
+
+class _EventStream(StreamingResponse):
+    """A streamed answer that closes its events when sent or abandoned (a send to a client that went away
+    raises), so the request's life ends with the response, not when the generator is collected."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+# ---- server-sent events --------------------------------------------------------------------------------------
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _sse(obj: Any) -> bytes:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+class Events:
+    """The server-sent events of one streamed completion: ``chat.completion.chunk`` (``chat``) or
+    ``text_completion`` chunks of one choice each, all with one ``created`` (as OpenAI's), ``"usage": null`` on
+    each when ``include_usage`` (the last, :meth:`usage`, carries it)."""
+
+    def __init__(self, rid: str, model: str, chat: bool, include_usage: bool):
+        self.rid, self.model, self.chat, self.include_usage = rid, model, chat, include_usage
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+        self.created = int(time.time())
+        self._head = (f'data: {{"id":"{rid}","object":"{self.object}","created":{self.created},"model":'
+                      f'{json.dumps(model)},"choices":[{{"index":')
+        self._tail = ',"logprobs":null,"finish_reason":null}]' + (',"usage":null' if include_usage else "") + "}\n\n"
+        self._key = ',"delta":{"content":' if chat else ',"text":'
+        self._close = "}" if chat else ""
+
+    def content(self, index: int, text: str) -> bytes:
+        """New text of choice ``index``, written as :meth:`_chunk` would, without building and dumping the dict."""
+        return (self._head + str(index) + self._key + json.dumps(text) + self._close + self._tail).encode()
+
+    def role(self, index: int) -> bytes:
+        """Chat's first chunk of choice ``index``: the assistant's role, empty content."""
+        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})
+
+    def finish(self, index: int, reason: str) -> bytes:
+        """The last chunk of choice ``index``: no new text, the finish reason (``stop`` or ``length``)."""
+        new = {"delta": {}} if self.chat else {"text": ""}
+        return self._chunk({"index": index, **new, "logprobs": None, "finish_reason": reason})
+
+    def usage(self, usage: dict) -> bytes:
+        """``stream_options.include_usage``'s last chunk: no choices, the usage."""
+        return _sse({"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
+                     "choices": [], "usage": usage})
+
+    def _chunk(self, choice: dict) -> bytes:
+        out = {"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
+               "choices": [choice]}
+        if self.include_usage:
+            out["usage"] = None
+        return _sse(out)
+
+
+def _finish(tokens: int, max_tokens: int) -> str:
+    return "length" if tokens >= max_tokens else "stop"
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _prepend(first: Optional[Delta], rest: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """``first`` (when not None), then ``rest``."""
+    if first is not None:
+        yield first
+    async for d in rest:
+        yield d
+
+
+# ---- a client that goes away ---------------------------------------------------------------------------------
+
+
+class _Disconnected(Exception):
+    """The HTTP client went away before the answer was complete."""
+
+
+async def _until_disconnect(request, items: AsyncIterator[Delta]) -> AsyncIterator[Delta]:
+    """``items`` until they end, or raise _Disconnected as soon as the client disconnects (closing ``items``,
+    which cancels the request in Triton)."""
+    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    it = items.__aiter__()
+    try:
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({nxt, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if nxt in done:
+                try:
+                    yield nxt.result()
+                except StopAsyncIteration:
+                    return
+            else:
+                nxt.cancel()
+                await asyncio.wait({nxt})  # let the cancel land first: closing `it` while it runs raises
+                raise _Disconnected()
+    finally:
+        watcher.cancel()
+        await it.aclose()
+
+
+async def _wait_disconnect(request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
