@@ -53,6 +53,8 @@ ROUTER_MODES = ("round-robin", "random", "power-of-two", "kv", "direct", "least-
 KV_TRANSFER_BACKENDS = ("NIXL", "UCX", "MPI", "DEFAULT")
 """``cache_transceiver_config.backend`` values both recorded TensorRT-LLM releases accept (MOONCAKE is 1.4 only)."""
 FRONTEND_PORT = 8000
+"""``dynamo.frontend``'s own default ``--http-port`` (frontend_args.py, 1.6.1), passed explicitly: Dynamo's port, not
+a trtpipe serving port (those default on builders.spec.ServingConfig only)."""
 WORKER_SYSTEM_PORT = 9090
 """The worker's status server (``DYN_SYSTEM_PORT``; ``/health`` once its engine is loaded)."""
 MODEL_MOUNT = "/models"

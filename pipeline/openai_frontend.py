@@ -32,6 +32,7 @@ import logging
 from pathlib import Path
 from typing import Optional
 
+from builders.spec import default_port
 from pipeline.openai_requests import (COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, ChatBody, CompletionBody,
                                       FrontendConfig, prepare)
 from pipeline.openai_router import create_app
@@ -46,7 +47,7 @@ log = logging.getLogger("trtpipe.openai")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line ``model_repo.deploy.frontend_argv`` writes."""
+    """The command line ``model_repo.launch.frontend_argv`` writes (tests/model_repo/test_deploy.py parses one back)."""
     p = argparse.ArgumentParser(prog="python -m pipeline.openai_frontend",
                                 description="OpenAI-compatible HTTP frontend in front of Triton's BLS model "
                                             "(started by `trtpipe serve`).")
@@ -59,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trust-remote-code", action="store_true", help="let the tokenizer's own code run (the build "
                    "file's model.trust_remote_code; default off)")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=9000)
+    p.add_argument("--port", type=int, default=default_port("openai_port"),
+                   help="listen port (default serving.openai_port's default)")
     p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
     p.add_argument("--triton-model", default="tensorrt_llm_bls", help="the Triton model requests go to (default "
                    "tensorrt_llm_bls: it forwards cancellation; `ensemble` does not)")
