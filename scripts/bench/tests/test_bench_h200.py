@@ -1,7 +1,7 @@
 """bench_h200.py --smoke: the whole measurement's logic on the CPU with a tiny random model.
 
-Collected by `make test` (pyproject testpaths), not by `make test-fast`: it starts tritonserver and takes 2 to 7
-minutes on 2 cores.
+Run by `make test-bench`, which CI runs after `make test` (.ci/run): it starts tritonserver and takes 2 to 7 minutes
+on 2 cores.
 """
 
 import json
