@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from trtpipe_runtime.params import PORTABLE_RUNTIME_CHOICES  # noqa: F401 (the plan and generator read it here)
-from trtpipe_runtime.versions import release
 
 
 @dataclass(frozen=True)
@@ -41,11 +40,6 @@ class Releases:
     def first_text(self) -> str:
         """``first`` as a version string: ``"1.2.1"``."""
         return ".".join(map(str, self.first))
-
-    def admits(self, version: str) -> bool:
-        """Whether TensorRT-LLM ``version`` (a version string; pre-releases count as their release) is one."""
-        got = release(version)
-        return got >= self.first and (self.last_minor is None or got[:2] <= self.last_minor)
 
     def text(self) -> str:
         """``"1.2.x only (why)"`` or ``"1.2.1 and later (why)"``."""

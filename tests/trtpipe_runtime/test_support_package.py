@@ -50,8 +50,8 @@ def test_the_options_file_of_a_release_is_the_newest_not_newer(tmp_path):
 
 def test_the_runtimes_releases_are_data_and_their_prose_is_derived():
     trt, llmapi, portable = RUNTIMES["trtllm"], RUNTIMES["trtllm-llmapi"], RUNTIMES["pytorch"]
-    assert trt.tensorrt_llm.admits("1.2.1") and not trt.tensorrt_llm.admits("1.3.0rc5")
-    assert llmapi.tensorrt_llm.admits("1.3.0rc5") and not llmapi.tensorrt_llm.admits("1.2.0")
+    assert (trt.tensorrt_llm.first, trt.tensorrt_llm.last_minor) == ((1, 2, 1), (1, 2))
+    assert (llmapi.tensorrt_llm.first, llmapi.tensorrt_llm.last_minor) == ((1, 2, 1), None)
     assert portable.tensorrt_llm is None
     assert trt.tensorrt_llm_versions.startswith("1.2.x only (")
     assert llmapi.tensorrt_llm_versions.startswith(f"{llmapi.tensorrt_llm.first_text} and later (")
