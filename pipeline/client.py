@@ -18,6 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from plugins.errors import PipelineError
+from trtpipe_runtime.detokenize import Utf8Joiner
 
 
 class RequestFailed(PipelineError):
@@ -152,6 +153,7 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
     except InferenceServerException as exc:
         raise PipelineError(f"cannot reach Triton at {url}: {exc}. Is the server running (`trtpipe serve`)?") from exc
     finished = False
+    joiner = Utf8Joiner()  # a character split across responses comes out whole
     try:
         client.async_stream_infer(model, build_inputs(text, max_tokens, perf_metrics=perf_metrics, **kwargs),
                                   request_id=uuid.uuid4().hex, outputs=outputs, enable_empty_final_response=True)
@@ -167,8 +169,10 @@ def stream_generate(url: str, text: str, max_tokens: int, *, model: str = "ensem
                 if "triton_final_response" in resp.parameters else False
             arr = result.as_numpy("text_output")
             cnt = result.as_numpy("num_output_tokens")
-            text_out = "" if arr is None or arr.size == 0 else b"".join(
-                x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1)).decode(errors="replace")
+            text_out = "" if arr is None or arr.size == 0 else joiner.push(b"".join(
+                x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1)))
+            if final:
+                text_out += joiner.flush()
             n = 0 if cnt is None or cnt.size == 0 else int(cnt.reshape(-1).sum())
             perf = None
             if perf_metrics and arr is not None:

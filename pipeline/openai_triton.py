@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from pipeline.openai_requests import APIError, FrontendConfig
+from trtpipe_runtime.detokenize import Utf8Joiner
 
 
 def triton_error(message: str) -> APIError:
@@ -76,6 +77,7 @@ class Triton:
         call = self.client._client_stub.ModelStreamInfer(requests(), metadata=self.client._get_metadata(None),
                                                          timeout=self.cfg.request_timeout_s)
         finished = False
+        joiners: dict[int, Utf8Joiner] = {}  # a character split across responses is sent whole
         try:
             async for resp in call:
                 if resp.error_message:
@@ -85,7 +87,8 @@ class Triton:
                 final = ("triton_final_response" in ir.parameters
                          and ir.parameters["triton_final_response"].bool_param)
                 if ir.outputs:
-                    yield _delta(ir)
+                    index, data, tokens = _raw_delta(ir)
+                    yield Delta(index, joiners.setdefault(index, Utf8Joiner()).push(data), tokens)
                 if final:
                     finished = True
                     break
@@ -111,9 +114,10 @@ async def _drain(call) -> None:
         pass
 
 
-def _delta(ir) -> Delta:
-    """One ModelInferResponse as a Delta, read from its raw contents (BYTES: 4-byte little-endian length, then the
-    bytes, per element; INT32: little-endian), without building numpy arrays per token."""
+def _raw_delta(ir) -> tuple[int, bytes, int]:
+    """One ModelInferResponse -> (sequence index, text_output bytes, token count), read from its raw contents
+    (BYTES: 4-byte little-endian length, then the bytes, per element; INT32: little-endian), without building
+    numpy arrays per token."""
     text, tokens, index = b"", 0, 0
     for out, raw in zip(ir.outputs, ir.raw_output_contents):
         if out.name == "text_output":
@@ -127,4 +131,4 @@ def _delta(ir) -> Delta:
             tokens = sum(int.from_bytes(raw[i:i + 4], "little", signed=True) for i in range(0, len(raw), 4))
         elif out.name == "sequence_index" and len(raw) >= 4:
             index = int.from_bytes(raw[:4], "little", signed=True)
-    return Delta(index, text.decode(errors="replace"), tokens)
+    return index, text, tokens

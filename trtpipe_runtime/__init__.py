@@ -16,5 +16,6 @@ Modules:
     params: config.pbtxt parameters and the portable runtime's fixed choices with their defaults.
     runtime_config: the portable runtime's continuous-batching settings.
     decoding: per-request decoding options, validated once for every runtime (the greedy rule, limits).
+    detokenize: streamed token ids -> text that never splits a character; stop strings matched on the text.
     triton_io: request tensors -> Python values (needs numpy and the stub's triton_python_backend_utils).
 """

@@ -23,6 +23,7 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from trtpipe_runtime.detokenize import IncrementalDetokenizer
 from trtpipe_runtime.params import param
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -260,6 +261,7 @@ class TritonPythonModel:
         if live.cancelled and live.claim_stop():  # cancelled between the check above and the send
             self._stop(live.inner_id, stream)
         last_had_tokens = False
+        detoks = {}  # sequence_index -> its IncrementalDetokenizer (a character split across responses is whole)
         for resp in stream:
             if live.cancelled:
                 live.send_final(self._cancelled_response())
@@ -273,21 +275,47 @@ class TritonPythonModel:
             last_had_tokens = ids is not None
             if ids is None:  # the empty final response of a decoupled stream
                 continue
-            lengths = pb_utils.get_output_tensor_by_name(resp, "sequence_length")
-            post = self._call("postprocessing", [pb_utils.Tensor("TOKENS_BATCH", ids.as_numpy()),
-                                                 pb_utils.Tensor("SEQUENCE_LENGTH", lengths.as_numpy())],
-                              ["OUTPUT", "NUM_OUTPUT_TOKENS"])
-            out = [pb_utils.Tensor("text_output", pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy()),
-                   pb_utils.Tensor("num_output_tokens",
-                                   pb_utils.get_output_tensor_by_name(post, "NUM_OUTPUT_TOKENS").as_numpy())]
-            for name in self.pass_outputs:
-                t = pb_utils.get_output_tensor_by_name(resp, name)
-                if t is not None:
-                    out.append(pb_utils.Tensor(name, t.as_numpy()))
-            live.send(pb_utils.InferenceResponse(output_tensors=out))
+            lengths = pb_utils.get_output_tensor_by_name(resp, "sequence_length").as_numpy()
+            passed = {name: t.as_numpy() for name in self.pass_outputs
+                      if (t := pb_utils.get_output_tensor_by_name(resp, name)) is not None}
+            tokens = ids.as_numpy()
+            if tokens.ndim == 2:  # [beams, len] without the batch dim
+                tokens = tokens[None]
+            if tokens.shape[1] == 1:  # one sequence: its new ids continue the text sent so far
+                seq = int(passed["sequence_index"].reshape(-1)[0]) if "sequence_index" in passed else 0
+                detok = detoks.setdefault(seq, IncrementalDetokenizer(self._batch_decode))
+                n = int(lengths.reshape(-1)[0])
+                texts, counts = [detok.push(tokens[0, 0, :n].tolist()).encode("utf-8")], [n]
+            else:  # beam search: every response carries each beam whole
+                post = self._call("postprocessing", [pb_utils.Tensor("TOKENS_BATCH", tokens),
+                                                     pb_utils.Tensor("SEQUENCE_LENGTH", lengths)],
+                                  ["OUTPUT", "NUM_OUTPUT_TOKENS"])
+                texts = pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy()
+                counts = pb_utils.get_output_tensor_by_name(post, "NUM_OUTPUT_TOKENS").as_numpy()
+            live.send(self._text_response(texts, counts, passed))
         if not last_had_tokens and not live.cancelled:  # the stream ended on an empty response: it failed
             raise RuntimeError(self._why_ended())
         live.send_final(self._cancelled_response() if live.cancelled else None)
+
+    @staticmethod
+    def _text_response(texts, counts, passed):
+        out = [pb_utils.Tensor("text_output", np.array(texts, dtype=object)),
+               pb_utils.Tensor("num_output_tokens", np.asarray(counts, dtype=np.int32))]
+        out += [pb_utils.Tensor(name, value) for name, value in passed.items()]
+        return pb_utils.InferenceResponse(output_tensors=out)
+
+    def _batch_decode(self, windows):
+        """Windows of token ids -> their texts, in one call of the postprocessing model (its tokenizer and its
+        skip_special_tokens choice)."""
+        width = max(1, max(len(w) for w in windows))
+        tokens = np.zeros((len(windows), 1, width), dtype=np.int32)
+        for i, w in enumerate(windows):
+            tokens[i, 0, :len(w)] = w
+        lengths = np.array([[len(w)] for w in windows], dtype=np.int32)
+        post = self._call("postprocessing", [pb_utils.Tensor("TOKENS_BATCH", tokens),
+                                             pb_utils.Tensor("SEQUENCE_LENGTH", lengths)], ["OUTPUT"])
+        return [x.decode("utf-8") if isinstance(x, bytes) else str(x)
+                for x in pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy().reshape(-1)]
 
     def _why_ended(self):
         """The reason a tensorrt_llm stream ended without its final tokens. Triton 2.51's Python backend does
