@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pipeline.openai_requests import (APIError, FrontendConfig, Prepared, _Body, chat_request, completion_request,
                                       prepare, read_json)
 from pipeline.openai_triton import Delta, Triton
+from trtpipe_runtime.detokenize import StopMatcher
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -160,7 +161,7 @@ class Serving:
         response, the whole answer, or ``_EVENTS``), then, when streaming, the events (bytes)."""
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         t0 = time.perf_counter()
-        stream = self.triton.generate(prompt, asked.max_tokens, asked.stop, asked.extra)
+        stream = self.triton.generate(prompt, asked.max_tokens, [], asked.extra)  # stop strings: matched here
         with self.metrics.in_flight():
             try:  # the first response decides the status code: an error before any token is a plain HTTP error
                 first = await stream.__anext__()
@@ -172,18 +173,20 @@ class Serving:
             self.metrics.ttft_sum += time.perf_counter() - t0
             self.metrics.ttft_count += 1
             self.metrics.prompt_tokens += asked.n_prompt
-            deltas = _prepend(first, stream)
+            stopped: set[int] = set()  # the choices a stop string ended
+            deltas = _stopping(_prepend(first, stream), stream, asked.stop, body.n, stopped)
             if not body.stream:
-                yield await self._whole(request, endpoint, body, asked, chat, rid, deltas)
+                yield await self._whole(request, endpoint, body, asked, chat, rid, deltas, stopped)
                 return
             sse = Events(rid, self.cfg.model, chat, bool((body.stream_options or {}).get("include_usage")))
             yield _EVENTS
-            async with contextlib.aclosing(self._events(endpoint, body.n, asked, sse, deltas, stream)) as events:
+            async with contextlib.aclosing(self._events(endpoint, body.n, asked, sse, deltas, stream,
+                                                        stopped)) as events:
                 async for event in events:
                     yield event
 
     async def _whole(self, request, endpoint: str, body: _Body, asked: Prepared, chat: bool, rid: str,
-                     deltas: AsyncIterator[Delta]):
+                     deltas: AsyncIterator[Delta], stopped: set[int]):
         """The non-streamed answer: every choice's text gathered, or an error, or 499 when the client goes away."""
         texts, counts = [""] * body.n, [0] * body.n
         try:
@@ -197,7 +200,7 @@ class Serving:
             return JSONResponse({}, status_code=499)
         self.metrics.completion_tokens += sum(counts)
         self.metrics.count(endpoint, 200)
-        reasons = [_finish(c, asked.max_tokens) for c in counts]
+        reasons = [_finish(c, asked.max_tokens, i in stopped) for i, c in enumerate(counts)]
         if chat:
             choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": None,
                         "finish_reason": reasons[i]} for i in range(body.n)]
@@ -208,7 +211,7 @@ class Serving:
                 "model": self.cfg.model, "choices": choices, "usage": _usage(asked.n_prompt, sum(counts))}
 
     async def _events(self, endpoint: str, n: int, asked: Prepared, sse: Events, deltas: AsyncIterator[Delta],
-                      stream: AsyncIterator[Delta]) -> AsyncIterator[bytes]:
+                      stream: AsyncIterator[Delta], stopped: set[int]) -> AsyncIterator[bytes]:
         """The streamed answer's events for ``n`` choices; an error after the first token goes in the stream (the
         status is sent already). Closed before its end (the client went away): counted cancelled, and ``stream``
         closed, which cancels the request in Triton."""
@@ -223,7 +226,7 @@ class Serving:
                 if d.text:
                     yield sse.content(d.index, d.text)
             for i in range(n):
-                yield sse.finish(i, _finish(counts[i], asked.max_tokens))
+                yield sse.finish(i, _finish(counts[i], asked.max_tokens, i in stopped))
             if sse.include_usage:
                 yield sse.usage(_usage(asked.n_prompt, sum(counts)))
             yield DONE
@@ -303,8 +306,33 @@ class Events:
         return _sse(out)
 
 
-def _finish(tokens: int, max_tokens: int) -> str:
-    return "length" if tokens >= max_tokens else "stop"
+def _finish(tokens: int, max_tokens: int, stopped: bool = False) -> str:
+    return "stop" if stopped or tokens < max_tokens else "length"
+
+
+async def _stopping(deltas: AsyncIterator[Delta], stream: AsyncIterator[Delta], stops: list[str], n: int,
+                    stopped: set[int]) -> AsyncIterator[Delta]:
+    """``deltas`` with the ``stop`` strings applied to each choice's text (:class:`StopMatcher`: matched on the
+    decoded text, left out of the answer); a choice that hit one is added to ``stopped`` and gets no more text.
+    Once all ``n`` have stopped, ``stream`` is closed, which cancels the request in Triton."""
+    if not stops:
+        async for d in deltas:
+            yield d
+        return
+    matchers = [StopMatcher(stops) for _ in range(n)]
+    async for d in deltas:
+        if d.index in stopped:
+            continue
+        text = matchers[d.index].push(d.text)
+        if matchers[d.index].stopped:
+            stopped.add(d.index)
+        yield Delta(d.index, text, d.tokens)
+        if len(stopped) == n:
+            await stream.aclose()
+            return
+    for i, m in enumerate(matchers):
+        if tail := m.flush():
+            yield Delta(i, tail, 0)
 
 
 def _usage(prompt: int, completion: int) -> dict:

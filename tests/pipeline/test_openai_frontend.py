@@ -95,6 +95,37 @@ def test_stop_sequences_end_the_answer(client):
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens < 30
 
 
+@pytest.mark.parametrize("stop", [["7"], [", 7"], ["nope", "6, 7"]], ids=["inside-a-token", "across-tokens", "second"])
+def test_stop_strings_match_the_text_wherever_they_fall_and_are_left_out(client, stop):
+    """As OpenAI and vLLM: matched on the decoded text ("7" is inside the token " 7"; ", 7" spans two tokens), the
+    answer ends just before it, streamed and not, with finish_reason "stop"."""
+    free = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0).choices[0].text
+    cut = min(i for i in (free.find(s) for s in stop) if i >= 0)  # the precondition: the free answer has it
+    r = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=stop)
+    assert r.choices[0].text == free[:cut] and r.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=16, temperature=0,
+                                            stop=stop, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == free[:cut]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=24, temperature=0, stop=["Paris"])
+    assert "Paris" not in chat.choices[0].message.content and chat.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_chinese_and_emoji_answers_keep_every_character(client, stream):
+    """Characters whose UTF-8 bytes span two tokens (CJK, emoji) come out whole, streamed and not, and the streamed
+    deltas joined are the whole answer."""
+    ask = dict(model=MODEL, messages=[{"role": "user", "content": "请用中文介绍一下北京和上海。🎉"}], max_tokens=40,
+               temperature=0)
+    whole = client.chat.completions.create(**ask).choices[0].message.content
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in whole), whole  # the precondition: it answers in Chinese
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(**ask, stream=True)
+                       if c.choices)
+        assert text == whole
+    assert "\ufffd" not in whole, whole
+
+
 def test_async_streaming_completions(frontend):
     import openai
 
