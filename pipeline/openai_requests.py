@@ -7,7 +7,8 @@ an :class:`APIError` (OpenAI's ``{"error": {"message", "type", "param", "code"}}
 
 Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Not
 supported, answered with 400: ``logprobs``, tools / function calling, ``response_format`` other than text, several
-prompts in one completion request, ``echo``, ``suffix``.
+prompts in one completion request, ``echo``, ``suffix``. A completion prompt may be token ids (decoded here; the
+Triton models take text).
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ class ChatBody(_Body):
 
 
 class CompletionBody(_Body):
-    prompt: Union[str, list[str]]
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    """Text, or token ids (OpenAI's spec allows both; lm-evaluation-harness sends ids by default)."""
     echo: bool = False
     suffix: Optional[str] = None
 
@@ -132,23 +134,48 @@ def chat_request(tok, raw: dict) -> tuple[ChatBody, str]:
     return body, prompt
 
 
-def completion_request(raw: dict) -> tuple[CompletionBody, str]:
-    """A completion body and its prompt (one string; a list of exactly one string is that string). APIError 400 on
-    a body that does not validate, several prompts, ``echo`` or ``suffix``."""
+def completion_request(tok, raw: dict, add_special_tokens: bool = False) -> tuple[CompletionBody, str]:
+    """A completion body and its prompt: one string, or one list of token ids decoded with the model's tokenizer
+    ``tok`` (a list of exactly one prompt is that prompt; with ``add_special_tokens``, as the preprocessing model
+    tokenizes, a leading BOS id is left for it to add). APIError 400 on a body that does not validate, several
+    prompts, ids outside the vocabulary or that the tokenizer would not give back from their text (the Triton
+    models take text, so such ids cannot be served as sent), ``echo`` or ``suffix``."""
     try:
         body = CompletionBody.model_validate(raw)
     except ValidationError as exc:
         raise _validation_error(exc) from None
     prompt = body.prompt
-    if isinstance(prompt, list):
-        if len(prompt) != 1 or not isinstance(prompt[0], str):
-            raise APIError(400, "prompt: one string per request (send several requests for several prompts)",
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise APIError(400, f"prompt: {len(prompt)} prompts in one request: send one prompt per request",
                            param="prompt")
         prompt = prompt[0]
+    if isinstance(prompt, list):
+        bos = getattr(tok, "bos_token_id", None)
+        prompt = _ids_prompt(tok, prompt[1:] if add_special_tokens and prompt[:1] == [bos] else prompt)
     if body.echo or body.suffix:
         raise APIError(400, f"{'echo' if body.echo else 'suffix'} is not supported by this server",
                        param="echo" if body.echo else "suffix")
     return body, prompt
+
+
+def _ids_prompt(tok, ids: list[int]) -> str:
+    """A token-id prompt as the text the preprocessing model will tokenize back to the same ids."""
+    if not ids:
+        raise APIError(400, "prompt: the prompt is empty: send some text or token ids", param="prompt")
+    bad = [i for i in ids if not 0 <= i < len(tok)]
+    if bad:
+        raise APIError(400, f"prompt: token id {bad[0]} is outside this model's vocabulary of {len(tok)} ids",
+                       param="prompt")
+    text = tok.decode(ids)
+    again = tok.encode(text, add_special_tokens=False)
+    if again != ids:
+        at = next((k for k, (a, b) in enumerate(zip(again, ids)) if a != b), min(len(again), len(ids)))
+        raise APIError(400, f"prompt: the token ids do not come back from their text (at position {at}: "
+                            f"{ids[at] if at < len(ids) else 'end'} becomes "
+                            f"{again[at] if at < len(again) else 'end'}); this server tokenizes text itself: send "
+                            "the prompt as text", param="prompt")
+    return text
 
 
 def _content_text(content) -> str:

@@ -142,7 +142,8 @@ class Serving:
         endpoint = CHAT if chat else COMPLETIONS
         try:
             raw = await read_json(request)
-            body, prompt = chat_request(self.tok, raw) if chat else completion_request(raw)
+            body, prompt = (chat_request(self.tok, raw) if chat
+                            else completion_request(self.tok, raw, self.cfg.add_special_tokens))
             asked = prepare(self.cfg, self.tok, body, prompt, chat)
         except APIError as err:
             return self.error(endpoint, err)

@@ -111,6 +111,26 @@ def test_stop_strings_match_the_text_wherever_they_fall_and_are_left_out(client,
     assert "Paris" not in chat.choices[0].message.content and chat.choices[0].finish_reason == "stop"
 
 
+def test_a_token_id_prompt_is_answered_as_its_text(client, built_default):
+    """OpenAI's spec allows a completion prompt of token ids ([int] or [[int]]; lm-evaluation-harness's
+    local-completions sends them by default): the answer is the text prompt's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(built_default / "engine"), local_files_only=True)
+    text = "The capital of France is"
+    ids = tok.encode(text, add_special_tokens=False)
+    want = client.completions.create(model=MODEL, prompt=text, max_tokens=8, temperature=0).choices[0].text
+    for prompt in (ids, [ids]):
+        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+        assert r.choices[0].text == want and r.usage.prompt_tokens == len(ids)
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        client.completions.create(model=MODEL, prompt=[len(tok) + 5], max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="one prompt per request"):
+        client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=4)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_chinese_and_emoji_answers_keep_every_character(client, stream):
     """Characters whose UTF-8 bytes span two tokens (CJK, emoji) come out whole, streamed and not, and the streamed
