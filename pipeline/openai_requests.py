@@ -6,7 +6,8 @@ it into a prompt, ``max_tokens``, stop words and the BLS model's extra inputs (:
 an :class:`APIError` (OpenAI's ``{"error": {"message", "type", "param", "code"}}`` body and an HTTP status).
 
 Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Not
-supported, answered with 400: ``logprobs``, tools / function calling, ``response_format`` other than text, several
+supported, answered with 400: ``logprobs``, ``logit_bias``, tools / function calling (but ``tool_choice: "none"``,
+whose tools the chat template shows), ``response_format`` other than text, several
 prompts in one completion request, ``echo``, ``suffix``. A completion prompt may be token ids (decoded here; the
 Triton models take text).
 """
@@ -73,8 +74,11 @@ class _Body(BaseModel):
     stream_options: Optional[dict] = None
     stop: Optional[Union[str, list[str]]] = None
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
-    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
-    seed: Optional[int] = Field(None, ge=0, le=2**64 - 1)  # the ensemble's seed is UINT64
+    top_p: Optional[float] = Field(None, ge=0.0, le=1.0)  # 0: greedy (TensorRT-LLM's rule)
+    top_k: Optional[int] = Field(None, ge=0)
+    """vLLM's extension: sample from the k most likely tokens (0: no limit)."""
+    seed: Optional[int] = Field(None, ge=-2**63, le=2**64 - 1)  # OpenAI's int64; the ensemble's seed is UINT64
+    logit_bias: Optional[dict[str, float]] = None
     n: int = Field(1, ge=1)
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
@@ -127,7 +131,9 @@ def chat_request(tok, raw: dict) -> tuple[ChatBody, str]:
         body = ChatBody.model_validate(raw)
         messages = [{"role": m.role if m.role != "developer" else "system", "content": _content_text(m.content)}
                     for m in body.messages]
-        prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) \
+        extra = body.model_extra or {}
+        tools = extra.get("tools") if extra.get("tool_choice") == "none" else None  # shown, never called
+        prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False) \
             if tok.chat_template else "\n".join(m["content"] for m in messages)
     except ValidationError as exc:
         raise _validation_error(exc) from None
@@ -215,8 +221,10 @@ class Prepared(NamedTuple):
     """Most tokens to generate per choice (asked, or what the context holds; completions: at most 16)."""
     stop: list[str]
     extra: dict
-    """The BLS model's other inputs (temperature, top_p, seed, penalties, num_return_sequences, end_id,
+    """The BLS model's other inputs (temperature, top_p, top_k, seed, penalties, num_return_sequences, end_id,
     min_tokens), only those the request sets."""
+    copies: int = 1
+    """Choices answered by copying the one generated (greedy with ``n`` > 1: the n choices would be equal)."""
 
 
 def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool) -> Prepared:
@@ -230,9 +238,15 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
                        code="model_not_found")
     if body.logprobs:
         raise APIError(400, "logprobs are not supported by this server", param="logprobs")
-    for key in ("tools", "functions", "tool_choice"):
-        if (body.model_extra or {}).get(key):
-            raise APIError(400, f"{key}: tool and function calling is not supported by this server", param=key)
+    if body.logit_bias:
+        raise APIError(400, "logit_bias is not supported by this server (the Triton models bias words, not token "
+                            "ids: send embedding_bias_words to Triton directly)", param="logit_bias")
+    extra_fields = body.model_extra or {}
+    tools_off = extra_fields.get("tool_choice") == "none"  # the model may not call them: answer as text
+    for key in ("tools", "functions", "tool_choice", "function_call"):
+        if extra_fields.get(key) and not (tools_off and key in ("tools", "tool_choice")):
+            raise APIError(400, f"{key}: tool and function calling is not supported by this server (only "
+                                "tool_choice \"none\")", param=key)
     fmt = (body.model_extra or {}).get("response_format")
     if fmt is not None and not isinstance(fmt, dict):
         raise APIError(400, f"response_format: {fmt!r} is not an object: send {{\"type\": \"text\"}} or leave it "
@@ -242,9 +256,6 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
                        param="response_format")
     if body.n > cfg.max_n:
         raise APIError(400, f"n = {body.n}: at most {cfg.max_n}", param="n")
-    if body.n > 1 and body.temperature == 0:
-        raise APIError(400, f"n = {body.n} with temperature 0 (greedy) gives {body.n} identical choices: send a "
-                            "temperature above 0 for several", param="n")
     field = "messages" if chat else "prompt"
     _check_text(prompt, field)
     if not prompt.strip():
@@ -267,20 +278,23 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
         _check_text(word, "stop")
     extra: dict = {}
     temperature = 1.0 if body.temperature is None else body.temperature
-    if temperature > 0.0:  # 0: nothing sent, the runtimes' default is greedy (top_k and top_p unset)
+    greedy = temperature == 0.0 or body.top_p == 0.0 or body.top_k == 1
+    if not greedy:  # greedy: nothing sent, the runtimes' default is greedy (top_k and top_p unset)
         extra.update(temperature=temperature, top_p=1.0 if body.top_p is None else body.top_p)
+        if body.top_k:
+            extra["top_k"] = body.top_k
     if body.seed is not None:
-        extra["seed"] = body.seed
+        extra["seed"] = body.seed % 2**64  # a negative int64 as the UINT64 of the same bits
     for key in ("presence_penalty", "frequency_penalty"):
         if getattr(body, key) is not None:
             extra[key] = getattr(body, key)
-    if body.n > 1:
+    if body.n > 1 and not greedy:  # greedy: one sequence, copied n times (they would be the same)
         extra["num_return_sequences"] = body.n
     if body.ignore_eos:
         extra["end_id"] = len(tok)  # an id past the vocabulary is never generated: runs to max_tokens
     if body.min_tokens:
         extra["min_tokens"] = body.min_tokens
-    return Prepared(n_prompt, max_tokens, stop, extra)
+    return Prepared(n_prompt, max_tokens, stop, extra, body.n if body.n > 1 and greedy else 1)
 
 
 def _check_text(text: str, field: str) -> None:

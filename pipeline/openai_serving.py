@@ -175,7 +175,7 @@ class Serving:
             self.metrics.ttft_count += 1
             self.metrics.prompt_tokens += asked.n_prompt
             stopped: set[int] = set()  # the choices a stop string ended
-            deltas = _stopping(_prepend(first, stream), stream, asked.stop, body.n, stopped)
+            deltas = _stopping(_copied(_prepend(first, stream), asked.copies), stream, asked.stop, body.n, stopped)
             if not body.stream:
                 yield await self._whole(request, endpoint, body, asked, chat, rid, deltas, stopped)
                 return
@@ -309,6 +309,13 @@ class Events:
 
 def _finish(tokens: int, max_tokens: int, stopped: bool = False) -> str:
     return "stop" if stopped or tokens < max_tokens else "length"
+
+
+async def _copied(deltas: AsyncIterator[Delta], copies: int) -> AsyncIterator[Delta]:
+    """Each delta as ``copies`` choices (0 ... copies-1): a greedy answer asked for ``n`` > 1 times."""
+    async for d in deltas:
+        for i in range(copies):
+            yield Delta(i, d.text, d.tokens)
 
 
 async def _stopping(deltas: AsyncIterator[Delta], stream: AsyncIterator[Delta], stops: list[str], n: int,

@@ -111,6 +111,31 @@ def test_stop_strings_match_the_text_wherever_they_fall_and_are_left_out(client,
     assert "Paris" not in chat.choices[0].message.content and chat.choices[0].finish_reason == "stop"
 
 
+def test_what_openai_answers_is_answered(client):
+    """Requests OpenAI answers and this frontend once refused or dropped: n > 1 greedy (n equal choices), top_p 0
+    (greedy), a negative seed, vLLM's top_k, and tools with tool_choice "none" (answered as text)."""
+    greedy = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0)
+    text = greedy.choices[0].message.content
+    two = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0, n=2)
+    assert [c.message.content for c in two.choices] == [text, text] and [c.index for c in two.choices] == [0, 1]
+    assert two.usage.completion_tokens == 2 * greedy.usage.completion_tokens
+    streamed = list(client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0, n=2,
+                                                   stream=True))
+    for i in (0, 1):
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices and c.choices[0].index == i) \
+            == text
+    top_p0 = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0.8, top_p=0)
+    assert top_p0.choices[0].message.content == text
+    seeded = [client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=1.0,
+                                             seed=-7, extra_body={"top_k": 5}).choices[0].message.content
+              for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    off = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=12, temperature=0, tools=tools,
+                                         tool_choice="none")
+    assert off.choices[0].message.content and off.choices[0].finish_reason in ("stop", "length")
+
+
 def test_a_token_id_prompt_is_answered_as_its_text(client, built_default):
     """OpenAI's spec allows a completion prompt of token ids ([int] or [[int]]; lm-evaluation-harness's
     local-completions sends them by default): the answer is the text prompt's."""
