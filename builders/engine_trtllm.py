@@ -244,6 +244,9 @@ def build_trtllm_engine(*, ckpt_dir: Path, hf_dir: Path, out_dir: Path, limits: 
     took = run_trtllm_build(argv, out_dir / LOG_NAME, progress=progress)
     cfg = check_engine_output(out_dir, world_size=world_size, limits=limits)
     copy_tokenizer(hf_dir, out_dir / "tokenizer")
+    from builders.xgrammar_info import write_beside_tokenizer
+
+    write_beside_tokenizer(out_dir / "tokenizer", hf_dir)  # guided decoding (xgrammar_tokenizer_info_path)
     return {"argv": argv, "build_s": round(took, 3), "gpus": gpus, "gpu_name": gpus[0] if gpus else None,
             "tensorrt_llm_version": toolchain.versions.get("tensorrt-llm"),
             "tensorrt_version": toolchain.versions.get("tensorrt"), "engine_version": cfg.get("version"),

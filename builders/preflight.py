@@ -225,13 +225,16 @@ def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
     spec = sv.speculative_decoding
     llmapi = build.runtime.llm_api
     problems: list[Problem] = []
-    for name, value, what in (("speculative_decoding", spec and spec.mode, "speculative_config"),
-                              ("guided_decoding_backend", sv.guided_decoding_backend, "guided_decoding_backend")):
-        if value and not llmapi:
-            problems.append(Problem(where(f"serving.{name}"), value, f"runtime {s.runtime} does not configure it: "
-                                    f"only trtllm-llmapi passes the LLM API's {what}",
-                                    f"set runtime: trtllm-llmapi for this target, or remove serving.{name}",
-                                    code="llmapi_feature"))
+    if spec and spec.mode and not llmapi:
+        problems.append(Problem(where("serving.speculative_decoding"), spec.mode, f"runtime {s.runtime} does not "
+                                "configure it: only trtllm-llmapi passes the LLM API's speculative_config",
+                                "set runtime: trtllm-llmapi for this target, or remove serving.speculative_decoding",
+                                code="llmapi_feature"))
+    backend, have = sv.guided_decoding_backend, build.runtime.guided_backends
+    if backend and backend not in have:
+        problems.append(Problem(where("serving.guided_decoding_backend"), backend, f"runtime {s.runtime} has "
+                                f"{' and '.join(have)} only", f"set serving.guided_decoding_backend: {have[0]}, or "
+                                "runtime: trtllm-llmapi (it has llguidance)", code="guided_backend_runtime"))
     if sv.kv_cache_host_memory_bytes and not build.runtime.host_kv_tier:
         problems.append(Problem(where("serving.kv_cache_host_memory_bytes"), sv.kv_cache_host_memory_bytes,
                                 "the portable runtime has no host tier for KV blocks (TensorRT-LLM's KV cache manager "

@@ -227,8 +227,9 @@ class ServingConfig(_Strict):
     LLM API of TensorRT-LLM 1.2.1 and 1.4 (plugins/llmapi_args.py)."""
     speculative_decoding: Optional[SpeculativeDecodingConfig] = None
     """Speculative decoding (runtime trtllm-llmapi); null: off."""
-    guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]] = None
-    """Structured-output (JSON schema, regex, grammar) backend of the LLM API (runtime trtllm-llmapi); null: off."""
+    guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]] = "xgrammar"
+    """Structured-output (JSON schema, regex, grammar; OpenAI ``response_format`` and forced tool calls) backend:
+    xgrammar on every runtime, llguidance on trtllm-llmapi only; null: off (guided requests are refused)."""
     kv_cache_host_memory_bytes: Optional[int] = Field(None, ge=1)
     """Host memory for KV blocks offloaded from the GPU pool (reused prefixes survive eviction), bytes; null: none
     (``KvCacheConfig.host_cache_size``; the C++ backend's ``kv_cache_host_memory_bytes``)."""

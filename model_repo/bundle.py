@@ -184,6 +184,9 @@ def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir:
     limits, plugins, world_size = plan.limits, plan.plugins, build.world_size
     method = _link_tree(ckpt_dir, tmp / "checkpoint")
     copy_tokenizer(hf_dir, tmp / "tokenizer")
+    from builders.xgrammar_info import write_beside_tokenizer
+
+    write_beside_tokenizer(tmp / "tokenizer", hf_dir)  # guided decoding (xgrammar_tokenizer_info_path)
     sv = build.settings.serving
     # Plan with the final paths, write into tmp; the generator reads only generation_config.json.
     repo = plan_repository(build, target, plan, final / "engine", engine_built=False, tokenizer_dir=tmp / "tokenizer",

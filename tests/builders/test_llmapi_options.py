@@ -202,7 +202,14 @@ def test_speculative_rules(tmp_path):
     for runtime in ("pytorch", "trtllm"):
         p = _problems(_served(tmp_path, "  speculative_decoding: {mode: ngram}\n  guided_decoding_backend: xgrammar\n",
                               runtime=runtime, name=f"{runtime}.yaml"))
-        assert p["llmapi_feature"].field in ("serving.speculative_decoding", "serving.guided_decoding_backend")
+        assert p["llmapi_feature"].field == "serving.speculative_decoding"
+        assert "guided_backend_runtime" not in p  # xgrammar: every runtime has it
+        p = _problems(_served(tmp_path, "  guided_decoding_backend: llguidance\n", runtime=runtime,
+                              name=f"{runtime}-llg.yaml"))
+        assert p["guided_backend_runtime"].field == "serving.guided_decoding_backend"
+        assert "set serving.guided_decoding_backend: xgrammar" in p["guided_backend_runtime"].fix
+    make_plan(_served(tmp_path, "  guided_decoding_backend: llguidance\n", name="llg.yaml"), get_target("h100"),
+              hf_config("llama-3.1-8b"))  # the LLM API has llguidance: no problem
     host = _problems(_served(tmp_path, "  kv_cache_host_memory_bytes: 1000000\n", runtime="pytorch", name="h.yaml"))
     assert host["kv_host_cache_runtime"].value == 1000000
 

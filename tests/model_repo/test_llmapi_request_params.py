@@ -397,3 +397,19 @@ def test_the_model_picks_the_options_file_of_its_release(llmapi_model, tmp_path)
     pick = {v: pick_file(str(tmp_path), v).rsplit("/", 1)[1] for v in ("1.2.1", "1.3.0rc9", "1.4.0rc4", "1.5.0")}
     assert pick == {"1.2.1": "llm_api_options.yaml", "1.3.0rc9": "llm_api_options.yaml",
                     "1.4.0rc4": "llm_api_options-1.4.yaml", "1.5.0": "llm_api_options-1.4.yaml"}
+
+
+def test_a_guide_maps_onto_guided_decoding_params():
+    """The C++ backend's guide types -> the LLM API GuidedDecodingParams field recorded for 1.2.1."""
+    facts = json.loads((REPO / "tests/facts/trtllm_1_2_1/guided_decoding.json").read_text())
+    fields = set(facts["llm_api"]["GuidedDecodingParams"]["fields"])
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    assert opts(guided_decoding_guide_type="json_schema", guided_decoding_guide=schema).guided == {"json": schema}
+    assert opts(guided_decoding_guide_type="json").guided == {"json_object": True}
+    assert opts(guided_decoding_guide_type="regex", guided_decoding_guide="a+").guided == {"regex": "a+"}
+    assert opts(guided_decoding_guide_type="ebnf_grammar", guided_decoding_guide='root ::= "x"').guided == \
+        {"grammar": 'root ::= "x"'}
+    assert set(rp.GUIDE_TO_LLMAPI.values()) <= fields
+    assert opts().guided is None
+    with pytest.raises(rp.RequestOptionError, match="structural_tag"):
+        opts(guided_decoding_guide_type="structural_tag", guided_decoding_guide="{}")

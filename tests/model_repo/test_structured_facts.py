@@ -7,7 +7,7 @@ and its serve/LLM API sources. Each file names the commits it was read at. Check
 
 - every fact file names its sources, with full commits;
 - the facts agree with the other recorded 1.2.1 / 1.4 facts (templates, LLM args, serve CLI);
-- model_repo/xgrammar_info.py writes the tokenizer-info file with exactly upstream's keys, and xgrammar
+- builders/xgrammar_info.py writes the tokenizer-info file with exactly upstream's keys, and xgrammar
   loads it back the way the C++ GuidedDecoder builds its TokenizerInfo;
 - generated repositories declare the guided-decoding inputs (and log-prob tensors) with upstream's types and
   dims, and the trtllm `tensorrt_llm` model has the parameters the C++ backend reads;
@@ -125,7 +125,7 @@ def smollm2_vocab(smollm2_dir) -> int:
 
 @pytest.fixture(scope="module")
 def info_file(smollm2_dir, smollm2_vocab, tmp_path_factory) -> Path:
-    from model_repo.xgrammar_info import write_tokenizer_info
+    from builders.xgrammar_info import write_tokenizer_info
 
     out = tmp_path_factory.mktemp("xgr") / "tokenizer_info" / INFO_FILE["file_name"]
     assert write_tokenizer_info(smollm2_dir, out, smollm2_vocab) == out
@@ -147,7 +147,7 @@ def _load_as_the_cpp_backend_does(info: dict, vocab_size: int):
 def test_tokenizer_info_has_exactly_upstreams_keys(info_file, smollm2_dir):
     from transformers import AutoTokenizer
 
-    from model_repo.xgrammar_info import INFO_KEYS
+    from builders.xgrammar_info import INFO_KEYS
 
     info = json.loads(info_file.read_text())
     assert list(info) == INFO_FILE["key_order"] == list(INFO_KEYS)
@@ -179,7 +179,7 @@ def test_xgrammar_loads_the_file_back(info_file, smollm2_dir, smollm2_vocab, pad
 
 
 def test_tokenizer_info_stop_ids_and_refusals(smollm2_dir, smollm2_vocab, tmp_path):
-    from model_repo.xgrammar_info import write_tokenizer_info
+    from builders.xgrammar_info import write_tokenizer_info
 
     out = tmp_path / INFO_FILE["file_name"]
     out.write_text("stale")

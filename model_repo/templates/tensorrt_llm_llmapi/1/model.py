@@ -94,6 +94,7 @@ class TritonPythonModel:
         self.max_beam_width = int(_param(cfg, "max_beam_width", "1"))
         self.max_batch_size = int(_param(cfg, "max_batch_size", "1"))
         self.exclude_input_default = _param(cfg, "exclude_input_in_output", "false") == "true"
+        self.guided_backend = _param(cfg, "guided_decoding_backend", "")  # "": guided requests are refused
         self.output_dtypes = _output_dtypes(cfg)
         with open(_os.path.join(_param(cfg, "gpt_model_path"), "config.json")) as fh:  # the HF checkpoint's
             self.vocab_size = int(json.load(fh).get("vocab_size") or 0) or None
@@ -143,6 +144,14 @@ class TritonPythonModel:
                 perf = bool(_opt_scalar(request, "return_perf_metrics", False))
                 if perf:  # the LLM attaches request_perf_metrics (KV blocks, draft acceptance) to each output
                     sampling["return_perf_metrics"] = True
+                if opts.guided is not None and not self.guided_backend:
+                    raise request_params.RequestOptionError(
+                        "guided_decoding_guide_type: guided decoding is off in this build (serving."
+                        "guided_decoding_backend: null); rebuild with it set, or send no guide")
+                if opts.guided is not None:  # the LLM was created with guided_decoding_backend (llm_api_options.yaml)
+                    from tensorrt_llm.sampling_params import GuidedDecodingParams
+
+                    sampling["guided_decoding"] = GuidedDecodingParams(**opts.guided)
                 params = self.SamplingParams(**sampling)
             except Exception as exc:  # a bad request fails alone
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)

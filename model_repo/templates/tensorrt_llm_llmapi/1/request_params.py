@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trtpipe_runtime.decoding import DecodingError, decoding
+from trtpipe_runtime.grammar import parse_guide
 
 
 RequestOptionError = DecodingError  # a request input this runtime cannot honour (sent back to that request only)
@@ -38,6 +39,7 @@ class RequestOptions:
     context_logits: bool = False
     generation_logits: bool = False
     embedding_bias: list | None = None  # floats, one per token id (the model makes the torch tensor)
+    guided: dict | None = None  # keyword arguments of tensorrt_llm.sampling_params.GuidedDecodingParams
 
 
 def _words(kind: str, words, decode) -> dict:
@@ -138,7 +140,27 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
     exclude = get("exclude_input_in_output")
     return RequestOptions(sampling=kw, num_sequences=n, beam_search=beam,
                           exclude_input=exclude_input_default if exclude is None else bool(exclude),
-                          return_log_probs=log_probs, embedding_bias=d.embedding_bias, **flags)
+                          return_log_probs=log_probs, embedding_bias=d.embedding_bias,
+                          guided=guided_params(get), **flags)
+
+
+GUIDE_TO_LLMAPI = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}
+"""The C++ backend's guide types -> the field of the LLM API's GuidedDecodingParams that takes that guide
+(tensorrt_llm/sampling_params.py; tests/facts/trtllm_1_2_1/guided_decoding.json)."""
+
+
+def guided_params(get) -> dict | None:
+    """GuidedDecodingParams keyword arguments for the request's guide (None without one): ``json_object=True``
+    for ``json``, else the guide text under the field its type maps to.
+
+    Raises:
+        RequestOptionError: the guide is invalid (trtpipe_runtime.grammar.parse_guide).
+    """
+    guide = parse_guide(get("guided_decoding_guide_type"), get("guided_decoding_guide"))
+    if guide is None:
+        return None
+    field_name = GUIDE_TO_LLMAPI[guide.kind]
+    return {field_name: True} if guide.kind == "json" else {field_name: guide.text}
 
 
 def sampled_log_probs(entries, tokens) -> list:

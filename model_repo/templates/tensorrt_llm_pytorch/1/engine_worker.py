@@ -28,6 +28,7 @@ set_up_sys_path(__file__)  # before numpy: this model's site-packages first (trt
 import threading
 import traceback
 
+from trtpipe_runtime.decoding import DecodingError
 from trtpipe_runtime.runtime_config import apply_sdpa_backends, continuous_batching_config
 
 
@@ -41,7 +42,8 @@ def load_sampling():
 def build_manager(engine_dir, settings, device, dtype_name):
     """The model on ``device`` in ``dtype_name`` and its continuous-batching manager (not started).
 
-    Returns (manager, table, info): the sampling RequestTable the processors read, and
+    Returns (manager, table, info): the sampling RequestTable the processors read (its ``grammars``: the
+    guided-decoding engine, trtpipe_runtime.grammar.Grammars), and
     {"default_end_ids", "pad_id", "vocab_size"} from the engine folder and "sdpa_backends" (the
     attention kernels torch may pick in this process, after settings["sdpa_backends"]).
 
@@ -74,9 +76,27 @@ def build_manager(engine_dir, settings, device, dtype_name):
     manager = model.init_continuous_batching(generation_config=gcfg,
                                              continuous_batching_config=continuous_batching_config(settings))
     table = sampling.RequestTable()
-    sampling.install(manager, table)
+    from trtpipe_runtime.grammar import Grammars
+
+    # Guided decoding: xgrammar over the engine folder's tokenizer, made on the first guided request.
+    table.grammars = Grammars(engine_dir, int(model.config.vocab_size), end_ids)
+    sampling.install(manager, table, table.grammars)
     return manager, table, {"default_end_ids": end_ids, "pad_id": pad_id,
                             "vocab_size": int(model.config.vocab_size), "sdpa_backends": sdpa}
+
+
+def compile_guide(table, params):
+    """Compile a guided request's grammar before it joins a batch (cached per guide), so a grammar xgrammar
+    cannot compile fails that request here, not the generation loop. ``params``: SamplingParams or its dict.
+
+    Raises:
+        trtpipe_runtime.decoding.DecodingError: the grammar does not compile.
+    """
+    get = params.get if isinstance(params, dict) else lambda k: getattr(params, k)
+    if get("guide_type"):
+        from trtpipe_runtime.grammar import Guide
+
+        table.grammars.compiled(Guide(get("guide_type"), get("guide")))
 
 
 def free_blocks(manager, num_blocks):
@@ -142,6 +162,12 @@ class Worker:
                 seed = params.pop("seed_drawn")
                 handle = self.table.add(self.sampling.SamplingParams(**{**params, "seed": seed}))
                 self.live[rid] = [handle, 0, perf]
+                try:
+                    compile_guide(self.table, params)
+                except DecodingError as exc:  # that request's error; the loop never sees its grammar
+                    self.forget(rid)
+                    self.send(("step", [(rid, [], True, str(exc), None, None, None)]))
+                    continue
                 try:
                     added = self.manager.add_request(ids, request_id=rid, max_new_tokens=max_new, streaming=True,
                                                      eos_token_id=end_ids, **{self.sampling.HANDLE_KWARG: handle})

@@ -80,6 +80,7 @@ class TritonPythonModel(RequestParsing, Delivery):
             self.manager, self.table, info = engine.build_manager(engine_dir, self.settings, device, dtype)
         self.default_end_ids, self.pad_id = info["default_end_ids"], info["pad_id"]
         self.exclude_input_default = _param(cfg, "exclude_input_in_output", "false") == "true"
+        self.guided_backend = _param(cfg, "guided_decoding_backend", "")  # "" : guided requests are refused
         self.output_dtypes = _output_dtypes(cfg)
 
         self.lock = threading.Lock()
@@ -255,6 +256,9 @@ class TritonPythonModel(RequestParsing, Delivery):
         # Every entry of a batched request (the ensemble's text_input [B, 1]) is its own sequence; each response
         # names it in batch_index, as the C++ backend splits a batch into requests (one sender for all).
         rows = [self._parse_row(request, ids_t, b, batch) for b in range(batch)]
+        if not self.engine_process:  # the grammar compiles here, where the loop runs (the worker does its own)
+            for row in rows:
+                engine.compile_guide(self.table, row["params"])
         n_total = sum(row["n_seq"] for row in rows)
         if n_total > self.max_batch_size:
             raise RequestError(f"{batch} prompt(s) x num_return_sequences = {n_total} sequences, above max_batch_size "

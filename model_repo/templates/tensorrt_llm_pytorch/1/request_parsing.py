@@ -7,6 +7,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 import sampling
+from trtpipe_runtime.grammar import parse_guide
 from trtpipe_runtime.triton_io import words as _words
 
 
@@ -21,7 +22,8 @@ def _row_scalar(request, name, b, batch, default=None):
     t = pb_utils.get_input_tensor_by_name(request, name)
     if t is None or t.as_numpy().size == 0:
         return default
-    return _row(t.as_numpy(), b, batch)[0].item()
+    value = _row(t.as_numpy(), b, batch)[0]
+    return value.item() if hasattr(value, "item") else value  # a STRING input's entry is bytes already
 
 
 class RequestError(ValueError):
@@ -83,10 +85,15 @@ class RequestParsing:
         stop_ids = [w for w in stop_ids if not (len(w) == 1 and w[0] in end_ids)]
         bias = pb_utils.get_input_tensor_by_name(request, "embedding_bias")
         bias = None if bias is None else _row(bias.as_numpy(), b, batch)
+        guide = parse_guide(get("guided_decoding_guide_type"), get("guided_decoding_guide"))
+        if guide is not None and not self.guided_backend:
+            raise RequestError("guided_decoding_guide_type: guided decoding is off in this build "
+                               "(serving.guided_decoding_backend: null); rebuild with serving.guided_decoding_backend: "
+                               "xgrammar, or send no guide")
         params = sampling.parse_params(get, end_ids=end_ids, max_new_tokens=max_new,
                                        bad_words=self._word_ids(request, "bad_words_list", b, batch, where),
                                        embedding_bias=bias,
-                                       vocab_size=self.vocab_size)
+                                       vocab_size=self.vocab_size, guide=guide)
         if n_seq > 1 and params.greedy:
             raise RequestError(f"num_return_sequences = {n_seq} with greedy decoding gives {n_seq} identical "
                                "answers: also send top_k > 1 or top_p > 0 (a temperature alone is greedy)")

@@ -62,6 +62,8 @@ class SamplingParams:
     return_generation_logits: bool = False
     bad_words: tuple = ()  # token-id sequences never to generate (bad_words_list)
     embedding_bias: dict = field(default_factory=dict)  # token id -> added to its logit every step
+    guide_type: str = ""  # guided decoding (trtpipe_runtime.grammar.GUIDE_TYPES); "" for none
+    guide: str = ""  # the schema, regex or grammar of guide_type
 
     @property
     def needs_penalties(self) -> bool:
@@ -75,10 +77,11 @@ class SamplingParams:
 
 
 def parse_params(get, *, end_ids, max_new_tokens: int, bad_words=(), embedding_bias=None,
-                 vocab_size: int | None = None) -> SamplingParams:
+                 vocab_size: int | None = None, guide=None) -> SamplingParams:
     """A request's options as this runtime's SamplingParams. ``get(name)`` returns the scalar input or None when
     absent; ``bad_words`` are token-id lists (bad_words_list); ``embedding_bias`` is the embedding_bias input
-    (float per token id), at most ``vocab_size`` long. The validation and the greedy rule are every runtime's
+    (float per token id), at most ``vocab_size`` long; ``guide`` a validated trtpipe_runtime.grammar.Guide or
+    None. The validation and the greedy rule are every runtime's
     (trtpipe_runtime.decoding); the seed is folded into torch.Generator's non-negative 63-bit range.
 
     Raises:
@@ -99,6 +102,8 @@ def parse_params(get, *, end_ids, max_new_tokens: int, bad_words=(), embedding_b
         if getattr(d, name) is not None:
             setattr(p, name, getattr(d, name))
     p.return_generation_logits = bool(get("return_generation_logits") or False)
+    if guide is not None:
+        p.guide_type, p.guide = guide.kind, guide.text
     return p
 
 
@@ -114,6 +119,7 @@ class Entry:
     log_probs: list = field(default_factory=list)  # one per generated token, when asked for
     logits: list = field(default_factory=list)  # raw logits (float32 numpy [vocab]) per generated token, when asked for
     bad_words: object = None  # transformers' NoBadWordsLogitsProcessor for params.bad_words (made on first use)
+    matcher: object = None  # trtpipe_runtime.grammar.Matcher for a guided request (made on first use)
     scratch: torch.Tensor | None = None
 
     def generator(self, device: torch.device) -> torch.Generator:
@@ -196,6 +202,37 @@ class _HandleProcessor(ContinuousBatchingLogitsProcessor):
     def _rows(self, scores: torch.Tensor):
         n = scores.size(0)
         return [(i, entry) for i, entry in self._batch if i < n]
+
+
+class GrammarProcessor(_HandleProcessor):
+    """First processor: for a guided request (guide_type set), every token its grammar does not allow next
+    gets -inf, before penalties and sampling (TensorRT-LLM applies the guided-decoding mask before its
+    sampling layers too). The request's matcher is fed the tokens generated since the last step at prepare
+    time; its grammar is compiled once per (type, guide) by trtpipe_runtime.grammar.Grammars."""
+
+    def __init__(self, table: RequestTable, grammars):
+        super().__init__(table)
+        self.grammars = grammars
+
+    def _wants(self, params: SamplingParams) -> bool:
+        return bool(params.guide_type)
+
+    def _record(self, entry: Entry, state) -> None:
+        if entry.matcher is None:
+            from trtpipe_runtime.grammar import Guide
+
+            entry.matcher = self.grammars.matcher(Guide(entry.params.guide_type, entry.params.guide),
+                                                  entry.params.end_ids)
+        entry.matcher.advance(state.generated_tokens)
+
+    def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
+        rows = self._rows(scores)
+        if not rows:
+            return scores
+        out = scores.clone()
+        for i, entry in rows:
+            entry.matcher.mask_(out[i])
+        return out
 
 
 class PenaltyProcessor(_HandleProcessor):
@@ -311,11 +348,16 @@ def warp(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return logits
 
 
-def install(manager, table: RequestTable) -> None:
-    """Put the two processors around the library's per-request warpers (before ``manager.start()``)."""
+def install(manager, table: RequestTable, grammars=None) -> None:
+    """Put the processors around the library's per-request warpers (before ``manager.start()``): the grammar
+    mask (when ``grammars``, a trtpipe_runtime.grammar.Grammars, is given) and the penalties first, the sampler
+    last."""
     lp = manager.logit_processor
     lp.logits_processor.insert(0, PenaltyProcessor(table))
     lp.logits_processor.append(SamplerProcessor(table))
     lp.tensors_required += 2
+    if grammars is not None:
+        lp.logits_processor.insert(0, GrammarProcessor(table, grammars))
+        lp.tensors_required += 1
     lp._retrieve_processors_kwargs()
     lp.do_processing = True

@@ -113,3 +113,25 @@ def write_tokenizer_info(tokenizer_dir: Path, out: Path, vocab_size: int,
         Path(tmp).unlink(missing_ok=True)
         raise
     return out
+
+
+INFO_NAME = "xgrammar_tokenizer_info.json"
+"""The file's name in a trtllm build's tokenizer folder (the C++ backend's ``xgrammar_tokenizer_info_path``)."""
+
+
+def write_beside_tokenizer(tokenizer_dir: Path, hf_dir: Path) -> Path:
+    """Write :data:`INFO_NAME` into ``tokenizer_dir`` for the model of ``hf_dir``: its config.json
+    ``vocab_size`` and, as stop ids, the eos list of the tokenizer folder's generation_config.json (the ids the
+    other runtimes end on), else the tokenizer's eos id.
+
+    Raises:
+        ValueError, OSError: as :func:`write_tokenizer_info`; a missing or unreadable config.json.
+    """
+    tokenizer_dir, hf_dir = Path(tokenizer_dir), Path(hf_dir)
+    vocab_size = int(json.loads((hf_dir / "config.json").read_text())["vocab_size"])
+    stops = None
+    gen = tokenizer_dir / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id")
+        stops = [int(t) for t in (eos if isinstance(eos, list) else [eos])] if eos is not None else None
+    return write_tokenizer_info(tokenizer_dir, tokenizer_dir / INFO_NAME, vocab_size, stops)
