@@ -62,7 +62,8 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
     """tritonclient gRPC InferInput list for the ensemble (batch dim 1).
 
     ``extra`` maps further optional ensemble inputs to scalars (dtype from the value: bool,
-    int -> INT32 (``seed`` -> UINT64, as the ensemble declares it), float -> FP32).
+    int -> INT32 (``seed`` -> UINT64, as the ensemble declares it), float -> FP32, str -> BYTES (UTF-8; the
+    guided-decoding guide)).
     """
     import tritonclient.grpc as grpcclient
 
@@ -83,6 +84,8 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
     for name, value in (extra or {}).items():
         if isinstance(value, bool):
             inputs.append(tensor(name, np.array([[value]], dtype=bool), "BOOL"))
+        elif isinstance(value, str):
+            inputs.append(tensor(name, np.array([[value.encode("utf-8")]], dtype=object), "BYTES"))
         elif name == "seed":
             inputs.append(tensor(name, np.array([[value]], dtype=np.uint64), "UINT64"))
         elif isinstance(value, int):

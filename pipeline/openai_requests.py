@@ -5,10 +5,10 @@ unknown fields are ignored, as OpenAI's are), check it against what is served (:
 it into a prompt, ``max_tokens``, stop words and the BLS model's extra inputs (:func:`prepare`). Every refusal is
 an :class:`APIError` (OpenAI's ``{"error": {"message", "type", "param", "code"}}`` body and an HTTP status).
 
-Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Not
-supported, answered with 400: ``logprobs``, ``logit_bias``, tools / function calling (but ``tool_choice: "none"``,
-whose tools the chat template shows), ``response_format`` other than text, several
-prompts in one completion request, ``echo``, ``suffix``. A completion prompt may be token ids (decoded here; the
+Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Structured
+output (``response_format``, vLLM's ``guided_*``: pipeline.openai_guided) and tools (pipeline.openai_tools) become
+the Triton models' guided-decoding inputs. Not supported, answered with 400: ``logprobs``, ``logit_bias``, the
+deprecated ``functions`` / ``function_call``, several prompts in one completion request, ``echo``, ``suffix``. A completion prompt may be token ids (decoded here; the
 Triton models take text).
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Optional, Union
 
+from jinja2.exceptions import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -129,15 +130,30 @@ def chat_request(tok, raw: dict) -> tuple[ChatBody, str]:
     content part that is not text."""
     try:
         body = ChatBody.model_validate(raw)
-        messages = [{"role": m.role if m.role != "developer" else "system", "content": _content_text(m.content)}
-                    for m in body.messages]
+        from pipeline.openai_tools import template_messages, validate_tools
+
+        messages = template_messages([_template_message(m) for m in body.messages])
         extra = body.model_extra or {}
-        tools = extra.get("tools") if extra.get("tool_choice") == "none" else None  # shown, never called
+        tools = validate_tools(extra["tools"]) if extra.get("tools") else None  # shown whatever tool_choice says
         prompt = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False) \
             if tok.chat_template else "\n".join(m["content"] for m in messages)
     except ValidationError as exc:
         raise _validation_error(exc) from None
+    except TemplateError as exc:  # the template's own raise_exception: a conversation it does not take
+        raise APIError(400, f"messages: the model's chat template refuses this conversation: {exc}",
+                       param="messages") from None
     return body, prompt
+
+
+def _template_message(m: _Message) -> dict:
+    """A chat message as the chat template reads it: ``developer`` as ``system``, the content as text, and an
+    assistant's ``tool_calls`` / a tool message's ``tool_call_id`` and ``name`` kept (tool round trips)."""
+    out = {"role": m.role if m.role != "developer" else "system", "content": _content_text(m.content)}
+    for key in ("tool_calls", "tool_call_id", "name"):
+        value = (m.model_extra or {}).get(key)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 def completion_request(tok, raw: dict, add_special_tokens: bool = False) -> tuple[CompletionBody, str]:
@@ -225,6 +241,11 @@ class Prepared(NamedTuple):
     min_tokens), only those the request sets."""
     copies: int = 1
     """Choices answered by copying the one generated (greedy with ``n`` > 1: the n choices would be equal)."""
+    guide: Any = None
+    """The structured-output constraint (pipeline.openai_guided.Guide), None for free text."""
+    tools: Any = None
+    """What the request's tools ask for (pipeline.openai_tools.ToolPlan), None without tools or with
+    ``tool_choice: "none"``."""
 
 
 def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool) -> Prepared:
@@ -241,19 +262,30 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
     if body.logit_bias:
         raise APIError(400, "logit_bias is not supported by this server (the Triton models bias words, not token "
                             "ids: send embedding_bias_words to Triton directly)", param="logit_bias")
+    from pipeline.openai_guided import Guide, checked, guide_of
+    from pipeline.openai_tools import validate_tool_request
+
     extra_fields = body.model_extra or {}
-    tools_off = extra_fields.get("tool_choice") == "none"  # the model may not call them: answer as text
-    for key in ("tools", "functions", "tool_choice", "function_call"):
-        if extra_fields.get(key) and not (tools_off and key in ("tools", "tool_choice")):
-            raise APIError(400, f"{key}: tool and function calling is not supported by this server (only "
-                                "tool_choice \"none\")", param=key)
-    fmt = (body.model_extra or {}).get("response_format")
-    if fmt is not None and not isinstance(fmt, dict):
-        raise APIError(400, f"response_format: {fmt!r} is not an object: send {{\"type\": \"text\"}} or leave it "
-                            "out", param="response_format")
-    if fmt and fmt.get("type", "text") != "text":
-        raise APIError(400, f"response_format {fmt.get('type')!r}: only text is supported by this server",
-                       param="response_format")
+    for key in ("functions", "function_call"):  # OpenAI's deprecated forms of tools / tool_choice
+        if extra_fields.get(key):
+            raise APIError(400, f"{key}: the deprecated function-calling fields are not supported: send "
+                                f"{'tools' if key == 'functions' else 'tool_choice'} instead", param=key)
+    guide = guide_of(extra_fields)
+    plan = None
+    if extra_fields.get("tools") or extra_fields.get("tool_choice") not in (None, "none", "auto"):
+        if not chat:
+            raise APIError(400, "tools: tool calling is a chat feature: send tools to /v1/chat/completions",
+                           param="tools")
+        plan = validate_tool_request(extra_fields.get("tools"), extra_fields.get("tool_choice", "auto"),
+                                     getattr(tok, "chat_template", None))
+        if plan.tool_choice == "none":
+            plan = None
+        elif plan.schema is not None:
+            if guide is not None:
+                raise APIError(400, f"{guide.field}: a forced tool call (tool_choice {plan.tool_choice!r}) is "
+                                    "already constrained by the tools' schema: send one of the two",
+                               param=guide.field)
+            guide = checked(Guide("json_schema", json.dumps(plan.schema, ensure_ascii=False), "tools"))
     if body.n > cfg.max_n:
         raise APIError(400, f"n = {body.n}: at most {cfg.max_n}", param="n")
     field = "messages" if chat else "prompt"
@@ -294,7 +326,9 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
         extra["end_id"] = len(tok)  # an id past the vocabulary is never generated: runs to max_tokens
     if body.min_tokens:
         extra["min_tokens"] = body.min_tokens
-    return Prepared(n_prompt, max_tokens, stop, extra, body.n if body.n > 1 and greedy else 1)
+    if guide is not None:
+        extra.update(guide.inputs())
+    return Prepared(n_prompt, max_tokens, stop, extra, body.n if body.n > 1 and greedy else 1, guide, plan)
 
 
 def _check_text(text: str, field: str) -> None:

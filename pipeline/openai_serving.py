@@ -203,8 +203,10 @@ class Serving:
         self.metrics.count(endpoint, 200)
         reasons = [_finish(c, asked.max_tokens, i in stopped) for i, c in enumerate(counts)]
         if chat:
-            choices = [{"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": None,
-                        "finish_reason": reasons[i]} for i in range(body.n)]
+            messages = [_message(asked.tools, texts[i]) for i in range(body.n)]
+            choices = [{"index": i, "message": messages[i], "logprobs": None,
+                        "finish_reason": "tool_calls" if messages[i].get("tool_calls") else reasons[i]}
+                       for i in range(body.n)]
         else:
             choices = [{"index": i, "text": texts[i], "logprobs": None, "finish_reason": reasons[i]}
                        for i in range(body.n)]
@@ -218,16 +220,25 @@ class Serving:
         closed, which cancels the request in Triton."""
         counts = [0] * n
         finished = False
+        calls = [_ToolCalls(asked.tools) if asked.tools is not None else None for _ in range(n)]
         try:
             if sse.chat:
                 for i in range(n):
                     yield sse.role(i)
             async for d in deltas:
                 counts[d.index] += d.tokens
-                if d.text:
+                if calls[d.index] is not None:
+                    for payload in calls[d.index].feed(d.text):
+                        yield sse.delta(d.index, payload)
+                elif d.text:
                     yield sse.content(d.index, d.text)
             for i in range(n):
-                yield sse.finish(i, _finish(counts[i], asked.max_tokens, i in stopped))
+                called = False
+                if calls[i] is not None:
+                    for payload in calls[i].finish():
+                        yield sse.delta(i, payload)
+                    called = calls[i].called
+                yield sse.finish(i, "tool_calls" if called else _finish(counts[i], asked.max_tokens, i in stopped))
             if sse.include_usage:
                 yield sse.usage(_usage(asked.n_prompt, sum(counts)))
             yield DONE
@@ -289,6 +300,10 @@ class Events:
         return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
 
+    def delta(self, index: int, delta: dict) -> bytes:
+        """A chat chunk of choice ``index`` with this ``delta`` (``{"content": ...}`` or ``{"tool_calls": [...]}``)."""
+        return self._chunk({"index": index, "delta": delta, "logprobs": None, "finish_reason": None})
+
     def finish(self, index: int, reason: str) -> bytes:
         """The last chunk of choice ``index``: no new text, the finish reason (``stop`` or ``length``)."""
         new = {"delta": {}} if self.chat else {"text": ""}
@@ -305,6 +320,58 @@ class Events:
         if self.include_usage:
             out["usage"] = None
         return _sse(out)
+
+
+def _message(plan, text: str) -> dict:
+    """A non-streamed chat answer's message: the text, or the tool calls in it (``plan``: the request's
+    pipeline.openai_tools.ToolPlan, None without tools): a forced call (tool_choice "required" or a named function)
+    read from the JSON its schema made the model write, an ``auto`` one in the model's own tool-call format; text
+    that holds no call stays the content."""
+    from pipeline.openai_tools import new_call_id, parse_forced, parse_tool_calls
+
+    if plan is None:
+        return {"role": "assistant", "content": text}
+    if plan.schema is not None:
+        found = [dict(call, id=new_call_id(plan.fmt)) for call in parse_forced(text, plan.tools, plan.tool_choice)]
+        content = None if found else text  # ids as the template's format wants them back (Mistral: 9 characters)
+    else:
+        content, found = parse_tool_calls(plan.fmt, text)
+        content = content if found else text  # no call: the answer as it came ("" stays "")
+    message = {"role": "assistant", "content": content}
+    if found:
+        message["tool_calls"] = found
+    return message
+
+
+class _ToolCalls:
+    """One streamed chat choice with tools: an ``auto`` answer read as it streams (pipeline.openai_tools
+    ToolCallStream: content while no call has started, each call as it completes); a forced one kept until the
+    end (its JSON is one call, or several, only when whole) and said then, as content where it holds no call."""
+
+    def __init__(self, plan):
+        from pipeline.openai_tools import ToolCallStream
+
+        self.plan, self.called, self._text = plan, False, ""
+        self._stream = ToolCallStream(plan.fmt) if plan.schema is None else None
+
+    def feed(self, text: str) -> list[dict]:
+        if self._stream is None:
+            self._text += text
+            return []
+        return self._seen(self._stream.feed(text)) if text else []
+
+    def finish(self) -> list[dict]:
+        if self._stream is not None:
+            return self._seen(self._stream.finish())
+        message = _message(self.plan, self._text)
+        if not message.get("tool_calls"):
+            return [{"content": self._text}] if self._text else []
+        self.called = True
+        return [{"tool_calls": [dict(call, index=i) for i, call in enumerate(message["tool_calls"])]}]
+
+    def _seen(self, payloads: list[dict]) -> list[dict]:
+        self.called = self.called or any("tool_calls" in p for p in payloads)
+        return payloads
 
 
 def _finish(tokens: int, max_tokens: int, stopped: bool = False) -> str:

@@ -715,4 +715,4 @@ def validate_tool_request(tools: Any, tool_choice: Any, chat_template: Optional[
                                       "\"required\" or a named function (the call is then forced by a schema), or "
                                       "\"none\"")
         return ToolPlan(tools, choice, fmt, None)
-    return ToolPlan(tools, choice, None, forced_call_schema(tools, choice))
+    return ToolPlan(tools, choice, tool_format(chat_template), forced_call_schema(tools, choice))

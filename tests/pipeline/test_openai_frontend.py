@@ -195,7 +195,7 @@ def test_async_streaming_completions(frontend):
     (dict(logprobs=True), 400, "logprobs"),
     (dict(n=99), 400, "n"),
     (dict(messages=[{"role": "user", "content": "word " * 1500}]), 400, "messages"),
-    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), 400, "tools"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), 400, "tool_choice"),
 ])
 def test_errors_are_openai_errors_and_the_server_keeps_serving(client, kwargs, status, param):
     import openai
