@@ -23,7 +23,7 @@ import uuid
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from trtpipe_runtime.detokenize import IncrementalDetokenizer
+from trtpipe_runtime.detokenize import IncrementalDetokenizer, StopMatcher
 from trtpipe_runtime.params import param
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -105,6 +105,16 @@ class _Live:
             if not self.closed and not self.cancelled and self.sender.is_cancelled():
                 self.cancelled = True
         return self.cancelled
+
+
+def _stop_strings(request) -> list:
+    """The request's ``stop_strings`` (STRING [-1], this BLS model's own input: upstream's ``stop_words`` are token
+    ids; these are matched on the decoded text, as OpenAI's ``stop``), empty ones dropped."""
+    t = pb_utils.get_input_tensor_by_name(request, "stop_strings")
+    if t is None:
+        return []
+    words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in t.as_numpy().reshape(-1)]
+    return [w for w in words if w]
 
 
 class TritonPythonModel:
@@ -246,7 +256,8 @@ class TritonPythonModel:
                 requested_output_names=["output_ids", "sequence_length"] + self.pass_outputs).exec(decoupled=True)
         finally:
             self.pending.release()
-        self._relay(stream, live)
+        n_t = pb_utils.get_input_tensor_by_name(request, "num_return_sequences")
+        self._relay(stream, live, _stop_strings(request), int(n_t.as_numpy().reshape(-1)[0]) if n_t is not None else 1)
 
     def _wait_pending(self, live):
         """Take one of the PENDING_MAX slots (True), or False once the client cancelled while it waited."""
@@ -255,13 +266,17 @@ class TritonPythonModel:
                 return False
         return True
 
-    def _relay(self, stream, live):
-        """Detokenize every response of the tensorrt_llm ``stream`` and send it to the client, until the end."""
+    def _relay(self, stream, live, stops=(), n_seq=1):
+        """Detokenize every response of the tensorrt_llm ``stream`` and send it to the client, until the end.
+        ``stops``: the request's stop_strings, matched on each sequence's text (StopMatcher): the text from the
+        first one on is left out, and once every sequence has stopped the tensorrt_llm request is stopped."""
         live.stream = stream
         if live.cancelled and live.claim_stop():  # cancelled between the check above and the send
             self._stop(live.inner_id, stream)
         last_had_tokens = False
         detoks = {}  # sequence_index -> its IncrementalDetokenizer (a character split across responses is whole)
+        matchers = {}  # sequence_index -> its StopMatcher (with stop_strings)
+        ended_by_stop = False
         for resp in stream:
             if live.cancelled:
                 live.send_final(self._cancelled_response())
@@ -285,7 +300,16 @@ class TritonPythonModel:
                 seq = int(passed["sequence_index"].reshape(-1)[0]) if "sequence_index" in passed else 0
                 detok = detoks.setdefault(seq, IncrementalDetokenizer(self._batch_decode))
                 n = int(lengths.reshape(-1)[0])
-                texts, counts = [detok.push(tokens[0, 0, :n].tolist()).encode("utf-8")], [n]
+                text = detok.push(tokens[0, 0, :n].tolist())
+                if stops:
+                    matcher = matchers.setdefault(seq, StopMatcher(stops))
+                    if matcher.stopped:
+                        continue  # tokens after its stop string, generated before the stop reached the runtime
+                    text = matcher.push(text)
+                texts, counts = [text.encode("utf-8")], [n]
+            elif stops:
+                raise ValueError("stop_strings with beam_width > 1: beams are rewritten until the end, so a stop "
+                                 "string cannot end one; send stop_words (token ids) or beam_width 1")
             else:  # beam search: every response carries each beam whole
                 post = self._call("postprocessing", [pb_utils.Tensor("TOKENS_BATCH", tokens),
                                                      pb_utils.Tensor("SEQUENCE_LENGTH", lengths)],
@@ -293,9 +317,20 @@ class TritonPythonModel:
                 texts = pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy()
                 counts = pb_utils.get_output_tensor_by_name(post, "NUM_OUTPUT_TOKENS").as_numpy()
             live.send(self._text_response(texts, counts, passed))
-        if not last_had_tokens and not live.cancelled:  # the stream ended on an empty response: it failed
+            if stops and matchers and all(m.stopped for m in matchers.values()):
+                if len(matchers) >= n_seq and live.claim_stop():  # every sequence stopped: free the runtime
+                    self._stop(live.inner_id, stream)
+                    ended_by_stop = True
+        if not last_had_tokens and not live.cancelled and not ended_by_stop:  # ended on an empty response: failed
             raise RuntimeError(self._why_ended())
+        for seq, matcher in matchers.items():  # the text a possible stop string held back, at the end
+            rest = matcher.flush()
+            if rest and not live.cancelled:
+                index = {"sequence_index": np.array([[seq]], dtype=np.int32)} if "sequence_index" in \
+                    self.pass_outputs and len(matchers) > 1 else {}
+                live.send(self._text_response([rest.encode("utf-8")], [0], index))
         live.send_final(self._cancelled_response() if live.cancelled else None)
+
 
     @staticmethod
     def _text_response(texts, counts, passed):
