@@ -6,7 +6,8 @@
 # asks every live request's sender every cancellation_check_period_ms (also while its tensorrt_llm
 # request is queued and sends nothing) and forwards a cancellation as a `stop` request. At most PENDING_MAX
 # tensorrt_llm calls wait for their first response at once, so that Triton's BLS threads stay free for stops
-# and for the responses to clients.
+# and for the responses to clients. A client that asks for output_token_ids by name (beyond upstream's
+# interface: model_repo.generate.BLS_OUTPUTS) gets, with each response, the token ids of the text it carries.
 
 import json as _json
 import os as _os
@@ -105,6 +106,14 @@ class _Live:
             if not self.closed and not self.cancelled and self.sender.is_cancelled():
                 self.cancelled = True
         return self.cancelled
+
+
+def _asks_for(request, name):
+    """Whether the client asked for output ``name`` by name (the model sends output_token_ids only then)."""
+    try:
+        return name in set(request.requested_output_names())
+    except Exception:  # a Python backend without requested_output_names()
+        return False
 
 
 class TritonPythonModel:
@@ -246,7 +255,7 @@ class TritonPythonModel:
                 requested_output_names=["output_ids", "sequence_length"] + self.pass_outputs).exec(decoupled=True)
         finally:
             self.pending.release()
-        self._relay(stream, live)
+        self._relay(stream, live, _asks_for(request, "output_token_ids"))
 
     def _wait_pending(self, live):
         """Take one of the PENDING_MAX slots (True), or False once the client cancelled while it waited."""
@@ -255,8 +264,9 @@ class TritonPythonModel:
                 return False
         return True
 
-    def _relay(self, stream, live):
-        """Detokenize every response of the tensorrt_llm ``stream`` and send it to the client, until the end."""
+    def _relay(self, stream, live, token_ids=False):
+        """Detokenize every response of the tensorrt_llm ``stream`` and send it to the client, until the end
+        (``token_ids``: with output_token_ids, the ids of each one-sequence response's text)."""
         live.stream = stream
         if live.cancelled and live.claim_stop():  # cancelled between the check above and the send
             self._stop(live.inner_id, stream)
@@ -286,6 +296,8 @@ class TritonPythonModel:
                 detok = detoks.setdefault(seq, IncrementalDetokenizer(self._batch_decode))
                 n = int(lengths.reshape(-1)[0])
                 texts, counts = [detok.push(tokens[0, 0, :n].tolist()).encode("utf-8")], [n]
+                if token_ids:
+                    passed["output_token_ids"] = np.ascontiguousarray(tokens[0, 0, :n], dtype=np.int32).reshape(1, n)
             else:  # beam search: every response carries each beam whole
                 post = self._call("postprocessing", [pb_utils.Tensor("TOKENS_BATCH", tokens),
                                                      pb_utils.Tensor("SEQUENCE_LENGTH", lengths)],
