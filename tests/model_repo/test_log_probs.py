@@ -33,8 +33,10 @@ def test_each_prompt_token_after_the_first_gets_its_log_probability_and_alternat
         assert got.top_ids[i] == want.indices.tolist()
         assert got.top_log_probs[i] == pytest.approx(want.values.tolist(), abs=1e-5)
         assert got.top_log_probs[i] == sorted(got.top_log_probs[i], reverse=True)
-    monkeypatch.setattr(log_probs, "CHUNK_ROWS", 2)  # in chunks of positions: the same values
-    assert log_probs.prompt_log_probs(model, PROMPT, 3) == got
+    monkeypatch.setattr(log_probs, "CHUNK_ROWS", 3)  # a long prompt, in chunks over a KV cache: the same values
+    chunked = log_probs.prompt_log_probs(model, PROMPT, 3)
+    assert chunked.top_ids == got.top_ids and chunked.log_probs == pytest.approx(got.log_probs, abs=1e-5)
+    assert sum(chunked.top_log_probs, []) == pytest.approx(sum(got.top_log_probs, []), abs=1e-5)
     plain = log_probs.prompt_log_probs(model, PROMPT, 0)
     assert plain.log_probs == got.log_probs and plain.top_ids == plain.top_log_probs == []
 
