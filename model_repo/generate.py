@@ -104,6 +104,40 @@ PERF_OUTPUTS: tuple[PassThrough, ...] = tuple(PassThrough(n, n, t) for n, t in (
     ("acceptance_rate", "TYPE_FP32"), ("total_accepted_draft_tokens", "TYPE_INT32"),
     ("total_draft_tokens", "TYPE_INT32")))
 PASS_OUTPUTS = RUNTIME_OUTPUTS + PERF_OUTPUTS
+# This project's log-probability tensors, beyond upstream's interface (as num_output_tokens is): declared on the
+# runtimes whose `tensorrt_llm` model reads them (plugins.runtimes.Runtime.log_prob_tensors) and carried by the
+# ensemble and tensorrt_llm_bls. num_top_logprobs k (0 ... 20) gives, per new token, the k most likely tokens and
+# their log probabilities (top_log_probs / top_token_ids [beam, tokens, k], most likely first, from the
+# distribution output_log_probs scores); return_prompt_log_probs gives each prompt token's log probability after
+# the first (prompt_log_probs [prompt - 1]) and, with k, its alternatives (prompt_top_* [prompt - 1, k]), with the
+# request's first response. The C++ backend reads no such input (tests/facts/trtllm_1_2_1/inputs_read.json):
+# its repository does not declare them, so Triton refuses a request that sends them.
+LOG_PROB_INPUTS: tuple[PassThrough, ...] = (
+    PassThrough("num_top_logprobs", "num_top_logprobs", "TYPE_INT32"),
+    PassThrough("return_prompt_log_probs", "return_prompt_log_probs", "TYPE_BOOL"),
+)
+LOG_PROB_OUTPUTS: tuple[PassThrough, ...] = (
+    PassThrough("top_log_probs", "top_log_probs", "TYPE_FP32", "[ -1, -1, -1 ]"),
+    PassThrough("top_token_ids", "top_token_ids", "TYPE_INT32", "[ -1, -1, -1 ]"),
+    PassThrough("prompt_log_probs", "prompt_log_probs", "TYPE_FP32", "[ -1 ]"),
+    PassThrough("prompt_top_log_probs", "prompt_top_log_probs", "TYPE_FP32", "[ -1, -1 ]"),
+    PassThrough("prompt_top_token_ids", "prompt_top_token_ids", "TYPE_INT32", "[ -1, -1 ]"),
+)
+# tensorrt_llm_bls's own output beside them: the token ids of the text each response carries (the ids the log
+# probabilities above score; the ensemble hands output_ids to postprocessing and has no such output). Sent when a
+# client asks for it by name. The OpenAI frontend builds its `logprobs` from these ids with the tokenizer.
+BLS_OUTPUTS: tuple[PassThrough, ...] = (PassThrough("output_token_ids", "output_token_ids", "TYPE_INT32", "[ -1 ]"),)
+
+
+def runtime_inputs(runtime) -> tuple[PassThrough, ...]:
+    """The optional inputs the `tensorrt_llm` model of ``runtime`` (plugins.runtimes.Runtime) declares beyond the
+    required ones, and the ensemble and tensorrt_llm_bls forward to it."""
+    return RUNTIME_INPUTS + (LOG_PROB_INPUTS if runtime.log_prob_tensors else ())
+
+
+def pass_outputs(runtime) -> tuple[PassThrough, ...]:
+    """The outputs of the `tensorrt_llm` model of ``runtime`` passed to the client as they are."""
+    return PASS_OUTPUTS + (LOG_PROB_OUTPUTS if runtime.log_prob_tensors else ())
 EXCLUDE_INPUT_REASON = ("the backend's default (docs/model_config.md): a non-streaming response leads with the "
                         "prompt unless the request sends exclude_input_in_output true; streaming never does")
 
@@ -330,24 +364,25 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
             llm.set(*remote)
     common(llm)
 
+    rt = build.runtime
     ens = common(ModelPlan("ensemble", "ensemble"))
-    _set_tensor_tables(ens, side="ensemble", prefix="ensemble_")
+    _set_tensor_tables(ens, side="ensemble", prefix="ensemble_", runtime=rt)
     ens.set("ensemble_runtime_input_map", "\n".join(
-        f'      input_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in RUNTIME_INPUTS),
-        "model_repo.generate.RUNTIME_INPUTS")
+        f'      input_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in runtime_inputs(rt)),
+        _INPUTS_SOURCE[rt.log_prob_tensors])
     ens.set("ensemble_runtime_output_map", "".join(
-        f'\n      output_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in PASS_OUTPUTS),
-        "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
+        f'\n      output_map {{ key: "{p.runtime_name}" value: "{p.ensemble_name}" }}' for p in pass_outputs(rt)),
+        _OUTPUTS_SOURCE[rt.log_prob_tensors])
 
     bls = common(ModelPlan("tensorrt_llm_bls", "tensorrt_llm_bls"))
-    _set_tensor_tables(bls, side="ensemble")
+    _set_tensor_tables(bls, side="ensemble", runtime=rt, bls=True)
     bls.set("decoupled", decoupled, dec_src)
     bls.set("bls_instance_count", s.serving.instance_counts.tensorrt_llm_bls,
             "spec: serving.instance_counts.tensorrt_llm_bls")
-    bls.set("runtime_input_names", ",".join(f"{p.ensemble_name}:{p.runtime_name}" for p in RUNTIME_INPUTS),
-            "model_repo.generate.RUNTIME_INPUTS (client name: tensorrt_llm name)")
-    bls.set("runtime_output_names", ",".join(p.runtime_name for p in PASS_OUTPUTS),
-            "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
+    bls.set("runtime_input_names", ",".join(f"{p.ensemble_name}:{p.runtime_name}" for p in runtime_inputs(rt)),
+            _INPUTS_SOURCE[rt.log_prob_tensors] + " (client name: tensorrt_llm name)")
+    bls.set("runtime_output_names", ",".join(p.runtime_name for p in pass_outputs(rt)),
+            _OUTPUTS_SOURCE[rt.log_prob_tensors])
     files = {}
     if build.runtime.llm_api:  # the options tensorrt_llm.LLM gets: one file for Triton and trtllm-serve
         from builders.llmapi_options import options_files
@@ -356,10 +391,19 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
     return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path(), files)
 
 
-def _set_tensor_tables(mp: ModelPlan, *, side: str, prefix: str = "", reshape: bool = False) -> None:
-    """The optional inputs (RUNTIME_INPUTS) and pass-through outputs (RUNTIME_OUTPUTS + PERF_OUTPUTS) of a
-    model, under their client names (``side="ensemble"``: `ensemble`, `tensorrt_llm_bls`) or their backend
-    names (``side="runtime"``: `tensorrt_llm`); ``reshape`` gives each input the C++ backend's scalar shape."""
+_INPUTS_SOURCE = {False: "model_repo.generate.RUNTIME_INPUTS",
+                  True: "model_repo.generate.RUNTIME_INPUTS + LOG_PROB_INPUTS (the runtime reads them)"}
+_OUTPUTS_SOURCE = {False: "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS",
+                   True: "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS + LOG_PROB_OUTPUTS"}
+
+
+def _set_tensor_tables(mp: ModelPlan, *, side: str, runtime, prefix: str = "", reshape: bool = False,
+                       bls: bool = False) -> None:
+    """The optional inputs (:func:`runtime_inputs`) and pass-through outputs (:func:`pass_outputs`) of a model for
+    ``runtime`` (plugins.runtimes.Runtime), under their client names (``side="ensemble"``: `ensemble`,
+    `tensorrt_llm_bls`) or their backend names (``side="runtime"``: `tensorrt_llm`); ``reshape`` gives each input
+    the C++ backend's scalar shape; ``bls`` adds tensorrt_llm_bls's own outputs (BLS_OUTPUTS, with the log-prob
+    tensors)."""
     def name(p: PassThrough) -> str:
         return p.ensemble_name if side == "ensemble" else p.runtime_name
 
@@ -370,12 +414,14 @@ def _set_tensor_tables(mp: ModelPlan, *, side: str, prefix: str = "", reshape: b
         # (utils.cc reads them as [batch, 1]; tests/facts/trtllm_1_2_1/guided_decoding.json)
         return " allow_ragged_batch: true" if p.data_type == "TYPE_STRING" else " reshape: { shape: [ ] }"
 
+    ext = runtime.log_prob_tensors
+    outputs = pass_outputs(runtime) + (BLS_OUTPUTS if bls and ext else ())
     mp.set(f"{prefix}runtime_inputs", ",\n".join(
         f'  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims}{shape(p)} optional: true }}'
-        for p in RUNTIME_INPUTS), "model_repo.generate.RUNTIME_INPUTS")
+        for p in runtime_inputs(runtime)), _INPUTS_SOURCE[ext])
     mp.set(f"{prefix}runtime_outputs", "".join(
-        f',\n  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims} }}' for p in PASS_OUTPUTS),
-        "model_repo.generate.RUNTIME_OUTPUTS + PERF_OUTPUTS")
+        f',\n  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims} }}' for p in outputs),
+        _OUTPUTS_SOURCE[ext] + (" + BLS_OUTPUTS" if bls and ext else ""))
 
 
 def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec_src: str,
@@ -413,7 +459,7 @@ def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec
     llm.set("guided_decoding_backend", s.serving.guided_decoding_backend or "",
             "spec: serving.guided_decoding_backend" + ("" if s.serving.guided_decoding_backend else
                                                        " (empty: guided decoding off)"))
-    _set_tensor_tables(llm, side="runtime")
+    _set_tensor_tables(llm, side="runtime", runtime=build.runtime)
     return llm
 
 
@@ -468,7 +514,7 @@ def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src
         for key in ("tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend"):
             llm.set(key, "", "spec: serving.guided_decoding_backend null: guided decoding off (the backend reads "
                     "the key unconditionally)")
-    _set_tensor_tables(llm, side="runtime", reshape=True)
+    _set_tensor_tables(llm, side="runtime", runtime=build.runtime, reshape=True)
     return llm
 
 

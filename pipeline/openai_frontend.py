@@ -14,9 +14,10 @@ Formats follow OpenAI's API reference (https://platform.openai.com/docs/api-refe
 preprocessing model counts them (same tokenizer folder, same ``add_special_tokens``). The chat template is the
 model's own (``tokenizer_config.json`` / ``chat_template.jinja``), applied here.
 
-Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Not
-supported, answered with 400: ``logprobs``, tools / function calling, ``response_format`` other than text, several
-prompts in one completion request, ``echo``, ``suffix``.
+Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. ``logprobs``
+(chat: with ``top_logprobs``; completions: k, and ``echo``) as OpenAI answers them where the runtime returns them
+(pipeline.openai_logprobs). Not supported, answered with 400: tools / function calling, ``response_format`` other
+than text, several prompts in one completion request, ``suffix``.
 
 This module is the command (:func:`main`, :func:`build_parser`) and hands on the names of its parts, one job
 each: :mod:`pipeline.openai_requests` (an OpenAI body -> prompt, max_tokens, stop, Triton inputs; the bodies,

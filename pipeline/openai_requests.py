@@ -5,11 +5,17 @@ unknown fields are ignored, as OpenAI's are), check it against what is served (:
 it into a prompt, ``max_tokens``, stop words and the BLS model's extra inputs (:func:`prepare`). Every refusal is
 an :class:`APIError` (OpenAI's ``{"error": {"message", "type", "param", "code"}}`` body and an HTTP status).
 
-Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Structured
-output (``response_format``, vLLM's ``guided_*``: pipeline.openai_guided) and tools (pipeline.openai_tools) become
-the Triton models' guided-decoding inputs. Not supported, answered with 400: ``logprobs``, ``logit_bias``, the
-deprecated ``functions`` / ``function_call``, several prompts in one completion request, ``echo``, ``suffix``. A completion prompt may be token ids (decoded here; the
-Triton models take text).
+Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. Log
+probabilities as OpenAI answers them (pipeline.openai_logprobs builds the shapes): chat's ``logprobs: true`` with
+``top_logprobs`` 0-20 (only with ``logprobs: true``), completions' ``logprobs`` k 0-20 (vLLM's limit: OpenAI's
+legacy endpoint allows 5; the runtime's limit is 20) and ``echo`` (the prompt leads the text and, with
+``logprobs``, its tokens lead the log probabilities, the first with null); ``max_tokens: 0`` with ``echo`` scores
+the prompt alone (the runtime generates one token, which is dropped and not counted). They need a runtime that
+returns them (the Triton model declares num_top_logprobs: the portable ``pytorch`` runtime); elsewhere a 400 names
+the parameter. Structured output (``response_format``, vLLM's ``guided_*``: pipeline.openai_guided) and tools
+(pipeline.openai_tools) become the Triton models' guided-decoding inputs. Not supported, answered with 400:
+``logit_bias``, the deprecated ``functions`` / ``function_call``, several prompts in one completion request,
+``suffix``. A completion prompt may be token ids (decoded here; the Triton models take text).
 """
 
 from __future__ import annotations
@@ -20,10 +26,16 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple, Optional, Union
 
 from jinja2.exceptions import TemplateError
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's documented default of ``max_tokens`` for ``/v1/completions``; chat defaults to what the context holds."""
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token: chat's ``top_logprobs`` (OpenAI's limit) and completions' ``logprobs`` (vLLM's;
+OpenAI's legacy completions allow 5); the runtime's num_top_logprobs limit (trtpipe_runtime.decoding)."""
+LOG_PROB_INPUT = "num_top_logprobs"
+"""The Triton input a model must declare for this frontend to ask it for log probabilities (the log-prob tensors
+of model_repo.generate: the portable runtime's repository has them)."""
 
 
 @dataclass
@@ -83,7 +95,6 @@ class _Body(BaseModel):
     n: int = Field(1, ge=1)
     presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
-    logprobs: Optional[Union[bool, int]] = None
     ignore_eos: bool = False
     """vLLM's extension (``vllm bench serve --ignore-eos``, aiperf): generate max_tokens whatever the model says."""
     min_tokens: Optional[int] = Field(None, ge=0)
@@ -100,12 +111,16 @@ class _Message(BaseModel):
 class ChatBody(_Body):
     messages: list[_Message] = Field(..., min_length=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: Optional[StrictBool] = None
+    top_logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 class CompletionBody(_Body):
     prompt: Union[str, list[str], list[int], list[list[int]]]
     """Text, or token ids (OpenAI's spec allows both; lm-evaluation-harness sends ids by default)."""
-    echo: bool = False
+    max_tokens: Optional[int] = Field(None, ge=0)  # 0: only with echo (scoring the prompt)
+    echo: StrictBool = False
+    logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: Optional[str] = None
 
 
@@ -161,7 +176,7 @@ def completion_request(tok, raw: dict, add_special_tokens: bool = False) -> tupl
     ``tok`` (a list of exactly one prompt is that prompt; with ``add_special_tokens``, as the preprocessing model
     tokenizes, a leading BOS id is left for it to add). APIError 400 on a body that does not validate, several
     prompts, ids outside the vocabulary or that the tokenizer would not give back from their text (the Triton
-    models take text, so such ids cannot be served as sent), ``echo`` or ``suffix``."""
+    models take text, so such ids cannot be served as sent), ``max_tokens: 0`` without ``echo``, or ``suffix``."""
     try:
         body = CompletionBody.model_validate(raw)
     except ValidationError as exc:
@@ -175,9 +190,11 @@ def completion_request(tok, raw: dict, add_special_tokens: bool = False) -> tupl
     if isinstance(prompt, list):
         bos = getattr(tok, "bos_token_id", None)
         prompt = _ids_prompt(tok, prompt[1:] if add_special_tokens and prompt[:1] == [bos] else prompt)
-    if body.echo or body.suffix:
-        raise APIError(400, f"{'echo' if body.echo else 'suffix'} is not supported by this server",
-                       param="echo" if body.echo else "suffix")
+    if body.suffix:
+        raise APIError(400, "suffix is not supported by this server", param="suffix")
+    if body.max_tokens == 0 and not body.echo:
+        raise APIError(400, "max_tokens: 0 generates nothing: send at least 1, or echo: true to score the prompt "
+                            "alone", param="max_tokens")
     return body, prompt
 
 
@@ -241,6 +258,18 @@ class Prepared(NamedTuple):
     min_tokens), only those the request sets."""
     copies: int = 1
     """Choices answered by copying the one generated (greedy with ``n`` > 1: the n choices would be equal)."""
+    logprobs: Optional[int] = None
+    """Log probabilities asked for: None (none), else the alternatives per token (chat's top_logprobs,
+    completions' logprobs)."""
+    echo: bool = False
+    """Completions' ``echo``: the prompt leads the answer (and, with ``logprobs``, its tokens the log probs)."""
+    prompt_ids: tuple = ()
+    """The prompt's token ids as the preprocessing model tokenizes it (the tokens prompt log probabilities score)."""
+    echo_from: int = 0
+    """Prompt tokens left out of the echoed log probabilities: 1 when the prompt came as token ids and the
+    tokenizer adds a BOS the client did not send (the client's tokens are echoed, as it sent them)."""
+    generate: bool = True
+    """False for ``max_tokens: 0`` with ``echo``: one token is generated (the runtime's least), then dropped."""
     guide: Any = None
     """The structured-output constraint (pipeline.openai_guided.Guide), None for free text."""
     tools: Any = None
@@ -257,8 +286,6 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
     if body.model != cfg.model:
         raise APIError(404, f"model {body.model!r} not found: this server serves {cfg.model!r}", param="model",
                        code="model_not_found")
-    if body.logprobs:
-        raise APIError(400, "logprobs are not supported by this server", param="logprobs")
     if body.logit_bias:
         raise APIError(400, "logit_bias is not supported by this server (the Triton models bias words, not token "
                             "ids: send embedding_bias_words to Triton directly)", param="logit_bias")
@@ -292,7 +319,8 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
     _check_text(prompt, field)
     if not prompt.strip():
         raise APIError(400, f"{field}: the prompt is empty: send some text", param=field)
-    n_prompt = len(tok.encode(prompt, add_special_tokens=cfg.add_special_tokens))
+    prompt_ids = tok.encode(prompt, add_special_tokens=cfg.add_special_tokens)
+    n_prompt = len(prompt_ids)
     if n_prompt > cfg.max_input_len:
         raise APIError(400, f"{field}: the prompt is {n_prompt} tokens; this model takes at most "
                             f"{cfg.max_input_len} (max_input_len)", param=field, code="context_length_exceeded")
@@ -301,7 +329,8 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
     if asked is not None and asked > room:
         raise APIError(400, f"max_tokens {asked} + prompt {n_prompt} tokens exceed the context of "
                             f"{cfg.max_seq_len} (max_seq_len)", param="max_tokens", code="context_length_exceeded")
-    max_tokens = asked or (room if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room))
+    generate = asked != 0  # 0: completions' echo scoring the prompt (completion_request allows it only there)
+    max_tokens = asked or (1 if not generate else room if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room))
     if body.min_tokens and body.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens = {body.min_tokens} exceeds max_tokens = {max_tokens}: lower min_tokens "
                             "or raise max_tokens", param="min_tokens")
@@ -328,7 +357,39 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
         extra["min_tokens"] = body.min_tokens
     if guide is not None:
         extra.update(guide.inputs())
-    return Prepared(n_prompt, max_tokens, stop, extra, body.n if body.n > 1 and greedy else 1, guide, plan)
+    logprobs = _logprobs_asked(body, chat)
+    echo = bool(getattr(body, "echo", False))
+    if logprobs is not None:
+        extra["return_log_probs"] = True
+        if logprobs:
+            extra["num_top_logprobs"] = logprobs
+        if echo:
+            extra["return_prompt_log_probs"] = True
+    return Prepared(n_prompt, max_tokens, stop, extra, body.n if body.n > 1 and greedy else 1, logprobs=logprobs,
+                    echo=echo, prompt_ids=tuple(prompt_ids), echo_from=_echo_from(tok, body, prompt_ids) if echo else 0,
+                    generate=generate, guide=guide, tools=plan)
+
+
+def _logprobs_asked(body: _Body, chat: bool) -> Optional[int]:
+    """The alternatives per token a body asks for with its log probabilities (None: no log probabilities). Chat:
+    ``top_logprobs`` (0 unless sent) with ``logprobs: true``; APIError 400 for top_logprobs without it (OpenAI's
+    rule). Completions: ``logprobs`` itself."""
+    if not chat:
+        return body.logprobs
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, f"top_logprobs: {body.top_logprobs} needs logprobs: true (the alternatives come with the "
+                            "log probabilities): send logprobs: true, or leave top_logprobs out", param="top_logprobs")
+    return (body.top_logprobs or 0) if body.logprobs else None
+
+
+def _echo_from(tok: Any, body: _Body, prompt_ids: list[int]) -> int:
+    """1 when the prompt came as token ids without the BOS that tokenizing its text adds (the echo then starts at
+    the client's first token, which the model scored after that BOS), else 0."""
+    sent = body.prompt[0] if body.prompt and isinstance(body.prompt[0], list) else body.prompt
+    if isinstance(sent, list) and sent and isinstance(sent[0], int) and len(prompt_ids) == len(sent) + 1 \
+            and prompt_ids[0] == getattr(tok, "bos_token_id", None) and list(prompt_ids[1:]) == list(sent):
+        return 1
+    return 0
 
 
 def _check_text(text: str, field: str) -> None:

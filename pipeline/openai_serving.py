@@ -8,6 +8,10 @@ life: from the call to Triton to the last event sent, or to the client going awa
 Token counts: ``completion_tokens`` are the server's (``num_output_tokens`` of each response); ``prompt_tokens``
 are counted here with the model's tokenizer the way the preprocessing model counts them (same tokenizer folder,
 same ``add_special_tokens``).
+
+Log probabilities (``logprobs``; completions' ``echo``): each response's tokens come with theirs, so a streamed
+chunk carries the log probabilities of its own tokens (a chunk whose text a split character holds back still
+carries them); an echoed prompt is the first chunk of its choice. The shapes are pipeline.openai_logprobs'.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Any, AsyncIterator, Iterator, Optional, Union
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from pipeline.openai_requests import (APIError, FrontendConfig, Prepared, _Body, chat_request, completion_request,
-                                      prepare, read_json)
+from pipeline.openai_logprobs import TokenLogprobs, TokenTexts, chat_content, completion_logprobs
+from pipeline.openai_requests import (LOG_PROB_INPUT, APIError, FrontendConfig, Prepared, _Body, chat_request,
+                                      completion_request, prepare, read_json)
 from pipeline.openai_triton import Delta, Triton
 from trtpipe_runtime.detokenize import StopMatcher
 
@@ -91,6 +96,7 @@ class Serving:
 
     def __init__(self, cfg: FrontendConfig, tok: Any, triton: Optional[Triton] = None):
         self.cfg, self.tok = cfg, tok
+        self.texts = TokenTexts(tok)  # token id -> its string in `logprobs` (cached for the server's life)
         self.metrics = Metrics()
         self.created = int(time.time())
         self._triton = triton
@@ -145,6 +151,8 @@ class Serving:
             body, prompt = (chat_request(self.tok, raw) if chat
                             else completion_request(self.tok, raw, self.cfg.add_special_tokens))
             asked = prepare(self.cfg, self.tok, body, prompt, chat)
+            if asked.logprobs is not None:
+                await self._check_logprobs(chat)
         except APIError as err:
             return self.error(endpoint, err)
         life = self._life(request, endpoint, body, prompt, asked, chat)
@@ -155,6 +163,17 @@ class Serving:
         await life.aclose()
         return response
 
+    async def _check_logprobs(self, chat: bool) -> None:
+        """APIError 400 naming ``logprobs`` when the Triton model says it has no log-prob inputs (a runtime that does
+        not return them: the C++ backend's repository); when Triton cannot say (unreachable), the request goes on
+        and fails there as any other."""
+        inputs = await self.triton.inputs()
+        if inputs is not None and LOG_PROB_INPUT not in inputs:
+            raise APIError(400, f"logprobs: this server's runtime returns no log probabilities with alternatives (its "
+                                f"Triton model {self.cfg.triton_model} declares no {LOG_PROB_INPUT} input): leave "
+                                f"logprobs{'/top_logprobs' if chat else ''} out, or serve a build with runtime pytorch",
+                           param="logprobs")
+
     async def _life(self, request, endpoint: str, body: _Body, prompt: str, asked: Prepared,
                     chat: bool) -> AsyncIterator[Any]:
         """One request's whole life in Triton, counted in flight (the only place that counts it) until it ends:
@@ -162,7 +181,8 @@ class Serving:
         response, the whole answer, or ``_EVENTS``), then, when streaming, the events (bytes)."""
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         t0 = time.perf_counter()
-        stream = self.triton.generate(prompt, asked.max_tokens, [], asked.extra)  # stop strings: matched here
+        stream = self.triton.generate(prompt, asked.max_tokens, [], asked.extra,  # stop strings: matched here
+                                      **({"logprobs": True} if asked.logprobs is not None else {}))
         with self.metrics.in_flight():
             try:  # the first response decides the status code: an error before any token is a plain HTTP error
                 first = await stream.__anext__()
@@ -177,23 +197,33 @@ class Serving:
             stopped: set[int] = set()  # the choices a stop string ended
             deltas = _stopping(_copied(_prepend(first, stream), asked.copies), stream, asked.stop, body.n, stopped)
             if not body.stream:
-                yield await self._whole(request, endpoint, body, asked, chat, rid, deltas, stopped)
+                yield await self._whole(request, endpoint, body, asked, chat, rid, deltas, stopped, prompt)
                 return
             sse = Events(rid, self.cfg.model, chat, bool((body.stream_options or {}).get("include_usage")))
             yield _EVENTS
             async with contextlib.aclosing(self._events(endpoint, body.n, asked, sse, deltas, stream,
-                                                        stopped)) as events:
+                                                        stopped, prompt)) as events:
                 async for event in events:
                     yield event
 
     async def _whole(self, request, endpoint: str, body: _Body, asked: Prepared, chat: bool, rid: str,
-                     deltas: AsyncIterator[Delta], stopped: set[int]):
+                     deltas: AsyncIterator[Delta], stopped: set[int], prompt: str):
         """The non-streamed answer: every choice's text gathered, or an error, or 499 when the client goes away."""
         texts, counts = [""] * body.n, [0] * body.n
+        lps = [TokenLogprobs() for _ in range(body.n)]
+        prompts: list = [None] * body.n
         try:
             async for d in _until_disconnect(request, deltas):
+                if d.prompt is not None and prompts[d.index] is None:
+                    prompts[d.index] = d.prompt
+                if not asked.generate:  # echo with max_tokens 0: the one token generated is dropped
+                    continue
                 texts[d.index] += d.text
                 counts[d.index] += d.tokens
+                if d.logprobs is not None:
+                    lps[d.index].extend(d.logprobs)
+            logprobs = [self._choice_logprobs(asked, chat, prompts[i], lps[i], len(prompt) if asked.echo else 0)
+                        for i in range(body.n)]
         except APIError as err:
             return self.error(endpoint, err)
         except _Disconnected:
@@ -201,24 +231,63 @@ class Serving:
             return JSONResponse({}, status_code=499)
         self.metrics.completion_tokens += sum(counts)
         self.metrics.count(endpoint, 200)
-        reasons = [_finish(c, asked.max_tokens, i in stopped) for i, c in enumerate(counts)]
+        reasons = [_finish(c, asked.max_tokens, i in stopped, asked.generate) for i, c in enumerate(counts)]
         if chat:
             messages = [_message(asked.tools, texts[i]) for i in range(body.n)]
-            choices = [{"index": i, "message": messages[i], "logprobs": None,
+            choices = [{"index": i, "message": messages[i], "logprobs": logprobs[i],
                         "finish_reason": "tool_calls" if messages[i].get("tool_calls") else reasons[i]}
                        for i in range(body.n)]
         else:
-            choices = [{"index": i, "text": texts[i], "logprobs": None, "finish_reason": reasons[i]}
+            lead = prompt if asked.echo else ""
+            choices = [{"index": i, "text": lead + texts[i], "logprobs": logprobs[i], "finish_reason": reasons[i]}
                        for i in range(body.n)]
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.cfg.model, "choices": choices, "usage": _usage(asked.n_prompt, sum(counts))}
 
+    def _choice_logprobs(self, asked: Prepared, chat: bool, prompt_arrays: Optional[dict], lp: TokenLogprobs,
+                         generated_offset: int) -> Optional[dict]:
+        """One choice's ``logprobs`` object (None when not asked): chat's ``{"content": [...], "refusal": null}``,
+        completions' ``{tokens, token_logprobs, top_logprobs, text_offset}`` over the echoed prompt's tokens (from
+        ``prompt_arrays``, the runtime's) then ``lp``'s, the generated tokens' text starting at ``generated_offset``
+        characters. APIError 500 when the runtime's prompt log probabilities are missing or do not fit."""
+        k = asked.logprobs
+        if k is None:
+            return None
+        if chat:
+            return {"content": chat_content(self.texts, lp, k), "refusal": None}
+        if not asked.echo:
+            return completion_logprobs(self.texts, lp, k, generated_offset)
+        whole = self._prompt_logprobs(asked, prompt_arrays)
+        whole.extend(lp)
+        return completion_logprobs(self.texts, whole, k)
+
+    def _prompt_logprobs(self, asked: Prepared, arrays: Optional[dict]) -> TokenLogprobs:
+        """The echoed prompt's tokens and log probabilities from the runtime's prompt_* arrays."""
+        if not arrays or "prompt_log_probs" not in arrays:
+            raise APIError(500, "the runtime sent no prompt log probabilities (return_prompt_log_probs)",
+                           "server_error")
+        k = asked.logprobs
+        top_ids, top = arrays.get("prompt_top_token_ids"), arrays.get("prompt_top_log_probs")
+        try:
+            if k and (top_ids is None or top is None):
+                raise KeyError("prompt_top_token_ids / prompt_top_log_probs")
+            lp = TokenLogprobs.prompt(asked.prompt_ids, arrays["prompt_log_probs"].reshape(-1),
+                                      top_ids.reshape(-1, top_ids.shape[-1]) if k else None,
+                                      top.reshape(-1, top.shape[-1]) if k else None)
+        except (KeyError, ValueError) as exc:
+            raise APIError(500, f"the runtime's prompt log probabilities do not fit the prompt: {exc}",
+                           "server_error") from None
+        return lp[asked.echo_from:]
+
     async def _events(self, endpoint: str, n: int, asked: Prepared, sse: Events, deltas: AsyncIterator[Delta],
-                      stream: AsyncIterator[Delta], stopped: set[int]) -> AsyncIterator[bytes]:
+                      stream: AsyncIterator[Delta], stopped: set[int], prompt: str) -> AsyncIterator[bytes]:
         """The streamed answer's events for ``n`` choices; an error after the first token goes in the stream (the
         status is sent already). Closed before its end (the client went away): counted cancelled, and ``stream``
-        closed, which cancels the request in Triton."""
+        closed, which cancels the request in Triton. With ``echo``, each choice's first chunk is the prompt (and its
+        log probabilities, which come with the first response)."""
         counts = [0] * n
+        sent = [0] * n  # characters of each choice's text sent (completions' text_offset)
+        echoed = [not asked.echo] * n
         finished = False
         calls = [_ToolCalls(asked.tools) if asked.tools is not None else None for _ in range(n)]
         try:
@@ -226,19 +295,34 @@ class Serving:
                 for i in range(n):
                     yield sse.role(i)
             async for d in deltas:
-                counts[d.index] += d.tokens
-                if calls[d.index] is not None:
-                    for payload in calls[d.index].feed(d.text):
-                        yield sse.delta(d.index, payload)
+                i = d.index
+                if not echoed[i]:
+                    echoed[i] = True
+                    yield self._echo_chunk(sse, asked, i, prompt, d.prompt)
+                    sent[i] += len(prompt)
+                if not asked.generate:
+                    continue
+                counts[i] += d.tokens
+                if calls[i] is not None:
+                    for payload in calls[i].feed(d.text):
+                        yield sse.delta(i, payload)
+                elif asked.logprobs is not None and d.logprobs is not None and len(d.logprobs):
+                    yield sse.chunk(i, d.text, {"content": chat_content(self.texts, d.logprobs, asked.logprobs),
+                                                "refusal": None} if sse.chat else
+                                    completion_logprobs(self.texts, d.logprobs, asked.logprobs, sent[i]))
                 elif d.text:
-                    yield sse.content(d.index, d.text)
+                    yield sse.content(i, d.text)
+                sent[i] += len(d.text)
             for i in range(n):
+                if not echoed[i]:  # no response came for it
+                    yield self._echo_chunk(sse, asked, i, prompt, None)
                 called = False
                 if calls[i] is not None:
                     for payload in calls[i].finish():
                         yield sse.delta(i, payload)
                     called = calls[i].called
-                yield sse.finish(i, "tool_calls" if called else _finish(counts[i], asked.max_tokens, i in stopped))
+                yield sse.finish(i, "tool_calls" if called else
+                                 _finish(counts[i], asked.max_tokens, i in stopped, asked.generate))
             if sse.include_usage:
                 yield sse.usage(_usage(asked.n_prompt, sum(counts)))
             yield DONE
@@ -254,6 +338,14 @@ class Serving:
             if not finished:  # the client went away: the generator was closed, the gRPC stream cancelled
                 self.metrics.cancelled += 1
                 await stream.aclose()
+
+
+    def _echo_chunk(self, sse: Events, asked: Prepared, index: int, prompt: str, arrays: Optional[dict]) -> bytes:
+        """A streamed completion's echoed prompt: its text, and its tokens' log probabilities when asked."""
+        if asked.logprobs is None:
+            return sse.content(index, prompt)
+        return sse.chunk(index, prompt, completion_logprobs(self.texts, self._prompt_logprobs(asked, arrays),
+                                                            asked.logprobs))
 
 
 class _EventStream(StreamingResponse):
@@ -294,6 +386,11 @@ class Events:
     def content(self, index: int, text: str) -> bytes:
         """New text of choice ``index``, written as :meth:`_chunk` would, without building and dumping the dict."""
         return (self._head + str(index) + self._key + json.dumps(text) + self._close + self._tail).encode()
+
+    def chunk(self, index: int, text: str, logprobs: dict) -> bytes:
+        """New text of choice ``index`` with the ``logprobs`` object of its tokens."""
+        new = {"delta": {"content": text}} if self.chat else {"text": text}
+        return self._chunk({"index": index, **new, "logprobs": logprobs, "finish_reason": None})
 
     def role(self, index: int) -> bytes:
         """Chat's first chunk of choice ``index``: the assistant's role, empty content."""
@@ -374,15 +471,17 @@ class _ToolCalls:
         return payloads
 
 
-def _finish(tokens: int, max_tokens: int, stopped: bool = False) -> str:
-    return "stop" if stopped or tokens < max_tokens else "length"
+def _finish(tokens: int, max_tokens: int, stopped: bool = False, generate: bool = True) -> str:
+    """``stop`` (a stop string, or the model ended before max_tokens) or ``length``; ``length`` for echo's
+    max_tokens 0 (``generate`` False: the limit ended it)."""
+    return "length" if not generate else "stop" if stopped or tokens < max_tokens else "length"
 
 
 async def _copied(deltas: AsyncIterator[Delta], copies: int) -> AsyncIterator[Delta]:
     """Each delta as ``copies`` choices (0 ... copies-1): a greedy answer asked for ``n`` > 1 times."""
     async for d in deltas:
         for i in range(copies):
-            yield Delta(i, d.text, d.tokens)
+            yield Delta(i, d.text, d.tokens, d.logprobs, d.prompt)
 
 
 async def _stopping(deltas: AsyncIterator[Delta], stream: AsyncIterator[Delta], stops: list[str], n: int,
@@ -401,7 +500,7 @@ async def _stopping(deltas: AsyncIterator[Delta], stream: AsyncIterator[Delta], 
         text = matchers[d.index].push(d.text)
         if matchers[d.index].stopped:
             stopped.add(d.index)
-        yield Delta(d.index, text, d.tokens)
+        yield Delta(d.index, text, d.tokens, d.logprobs, d.prompt)
         if len(stopped) == n:
             await stream.aclose()
             return

@@ -12,10 +12,16 @@ import asyncio
 import contextlib
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
+from pipeline.openai_logprobs import TokenLogprobs
 from pipeline.openai_requests import APIError, FrontendConfig
 from trtpipe_runtime.detokenize import Utf8Joiner
+
+LOG_PROB_OUTPUTS = ("output_token_ids", "output_log_probs", "top_log_probs", "top_token_ids", "prompt_log_probs",
+                    "prompt_top_log_probs", "prompt_top_token_ids")
+"""What a request with log probabilities asks the BLS model for (model_repo.generate's LOG_PROB_OUTPUTS, with the
+sampled tokens' output_log_probs and the BLS's output_token_ids)."""
 
 
 def triton_error(message: str) -> APIError:
@@ -35,11 +41,15 @@ def triton_error(message: str) -> APIError:
 
 @dataclass
 class Delta:
-    """One streamed response: the text and token count of one choice's new tokens."""
+    """One streamed response: the text and token count of one choice's new tokens; with log probabilities asked,
+    theirs (``logprobs``) and, in a choice's first response when the prompt's were asked, the runtime's
+    ``prompt_log_probs`` / ``prompt_top_log_probs`` / ``prompt_top_token_ids`` (``prompt``: name -> array)."""
 
     index: int
     text: str
     tokens: int
+    logprobs: Optional[TokenLogprobs] = None
+    prompt: Optional[dict] = None
 
 
 class Triton:
@@ -57,8 +67,20 @@ class Triton:
         except Exception:  # unreachable, starting, stopping
             return False
 
-    async def generate(self, prompt: str, max_tokens: int, stop: list[str], extra: dict) -> AsyncIterator[Delta]:
-        """Yield the model's streamed responses for one prompt; raise APIError on a request error."""
+    async def inputs(self) -> Optional[set]:
+        """The names of the Triton model's inputs (its config, asked once; None while Triton cannot say)."""
+        if getattr(self, "_inputs", None) is None:
+            try:
+                cfg = await self.client.get_model_config(self.cfg.triton_model, as_json=True)
+            except Exception:  # unreachable: ask again next time
+                return None
+            self._inputs = {i["name"] for i in cfg.get("config", cfg).get("input", [])}
+        return self._inputs
+
+    async def generate(self, prompt: str, max_tokens: int, stop: list[str], extra: dict,
+                       logprobs: bool = False) -> AsyncIterator[Delta]:
+        """Yield the model's streamed responses for one prompt (``logprobs``: with their log probabilities); raise
+        APIError on a request error."""
         import tritonclient.grpc as grpcclient
 
         from pipeline.client import build_inputs, stream_request
@@ -67,6 +89,8 @@ class Triton:
         outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", "num_output_tokens")]
         if extra.get("num_return_sequences", 1) > 1:
             outputs.append(grpcclient.InferRequestedOutput("sequence_index"))
+        if logprobs:
+            outputs += [grpcclient.InferRequestedOutput(n) for n in LOG_PROB_OUTPUTS]
         req = stream_request(self.cfg.triton_model, uuid.uuid4().hex, inputs, outputs)
         done = asyncio.Event()
 
@@ -88,7 +112,10 @@ class Triton:
                          and ir.parameters["triton_final_response"].bool_param)
                 if ir.outputs:
                     index, data, tokens = _raw_delta(ir)
-                    yield Delta(index, joiners.setdefault(index, Utf8Joiner()).push(data), tokens)
+                    delta = Delta(index, joiners.setdefault(index, Utf8Joiner()).push(data), tokens)
+                    if logprobs:
+                        delta.logprobs, delta.prompt = _raw_logprobs(ir)
+                    yield delta
                 if final:
                     finished = True
                     break
@@ -132,3 +159,25 @@ def _raw_delta(ir) -> tuple[int, bytes, int]:
         elif out.name == "sequence_index" and len(raw) >= 4:
             index = int.from_bytes(raw[:4], "little", signed=True)
     return index, text, tokens
+
+
+def _raw_logprobs(ir) -> tuple[TokenLogprobs, Optional[dict]]:
+    """One ModelInferResponse's log probabilities: its tokens' (output_token_ids, output_log_probs, top_*) and the
+    prompt's arrays when it carries them (the first response). APIError 500 when they do not fit together."""
+    import numpy as np
+
+    arrays = {}
+    for out, raw in zip(ir.outputs, ir.raw_output_contents):
+        if out.name in LOG_PROB_OUTPUTS:
+            dtype = np.float32 if out.datatype == "FP32" else np.int32
+            arrays[out.name] = np.frombuffer(raw, dtype=dtype).reshape([int(d) for d in out.shape])
+    ids = arrays.get("output_token_ids", np.zeros(0, np.int32)).reshape(-1)
+    k = arrays["top_token_ids"].shape[-1] if "top_token_ids" in arrays else 0
+    try:
+        lp = TokenLogprobs.of(ids, arrays.get("output_log_probs", np.zeros(0, np.float32)).reshape(-1),
+                              arrays["top_token_ids"].reshape(-1, k) if k else None,
+                              arrays["top_log_probs"].reshape(-1, k) if k else None)
+    except (KeyError, ValueError) as exc:
+        raise APIError(500, f"the runtime's log probabilities are incomplete: {exc}", "server_error") from None
+    prompt = {n: a for n, a in arrays.items() if n.startswith("prompt_")} or None
+    return lp, prompt

@@ -85,6 +85,12 @@ class Runtime:
             default: the portable runtime masks with xgrammar (trtpipe_runtime.grammar); the C++ backend's
             executor GuidedDecodingConfig has xgrammar only; the LLM API takes xgrammar and llguidance
             (tests/facts/trtllm_1_2_1/guided_decoding.json).
+        log_prob_tensors: its `tensorrt_llm` model declares this project's log-probability tensors beyond
+            upstream's interface (inputs num_top_logprobs, return_prompt_log_probs; outputs top_log_probs,
+            top_token_ids, prompt_log_probs, prompt_top_log_probs, prompt_top_token_ids; model_repo.generate's
+            LOG_PROB_INPUTS / LOG_PROB_OUTPUTS), and the ensemble and tensorrt_llm_bls carry them. A Python-backend
+            model reads them (serving them, or refusing them by name); the C++ backend reads no such input, so a
+            request would be answered without them: its repository does not declare them (Triton refuses them).
     """
 
     name: str
@@ -104,6 +110,7 @@ class Runtime:
     host_kv_tier: bool = True
     predicted: bool = True
     guided_backends: tuple[str, ...] = ("xgrammar",)
+    log_prob_tensors: bool = False
 
     @property
     def tensorrt_llm_versions(self) -> str:
@@ -114,12 +121,13 @@ class Runtime:
 RUNTIMES: dict[str, Runtime] = {r.name: r for r in (
     Runtime("pytorch", checkpoint_formats=("hf_unified",), engine="pytorch", template="tensorrt_llm_pytorch",
             sharded=False, image="project", decoupled_only=True, settings=PORTABLE_RUNTIME_CHOICES,
-            host_kv_tier=False, predicted=False),
+            host_kv_tier=False, predicted=False, log_prob_tensors=True),
     Runtime("trtllm", checkpoint_formats=("trtllm",), engine="trtllm-build", template="tensorrt_llm_trtllm",
             sharded=True, builds_trt_engine=True, launcher="mpirun", engine_config="config.json",
             tensorrt_llm=Releases((1, 2, 1), (1, 2), "trtllm-build and the C++ backend are removed from 1.3")),
     Runtime("trtllm-llmapi", checkpoint_formats=("hf_unified",), engine="llmapi", template="tensorrt_llm_llmapi",
             sharded=True, llm_api=True, openai_server="trtllm-serve", guided_backends=("xgrammar", "llguidance"),
+            log_prob_tensors=True,
             tensorrt_llm=Releases((1, 2, 1), None, "the PyTorch backend, TensorRT-LLM's only one from 1.3")),
 )}
 """Every runtime by name; the spec's ``runtime`` choices."""

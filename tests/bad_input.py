@@ -351,6 +351,11 @@ def min_tokens_above_max(model, ctx):
     return _case(ctx, model, "min_tokens", min_tokens=i32(GOOD_MAX_TOKENS + 9))
 
 
+@_kind(SAMPLERS, "num_top_logprobs above 20 (the log-prob inputs beyond upstream's interface)")
+def num_top_logprobs_above_limit(model, ctx):
+    return _case(ctx, model, "num_top_logprobs", num_top_logprobs=i32(21))
+
+
 @_kind(SAMPLERS, "end_id below -1")
 def end_id_out_of_range(model, ctx):
     return _case(ctx, model, "end_id", end_id=i32(-7))
@@ -564,6 +569,12 @@ OPENAI_KINDS: dict[str, tuple] = {  # kind -> (path, body: dict or raw bytes, st
     "response_format_not_object": (CHAT, _chat(response_format="json"), (400, 422), "response_format"),
     "min_tokens_above_max_tokens": (CHAT, _chat(min_tokens=100), (400,), "min_tokens"),
     "huge_prompt": (CHAT, _chat(messages=[{"role": "user", "content": "word " * 3000}]), (400,), "messages"),
+    "top_logprobs_without_logprobs": (CHAT, _chat(top_logprobs=2), (400,), "top_logprobs"),
+    "top_logprobs_above_limit": (CHAT, _chat(logprobs=True, top_logprobs=21), (400, 422), "top_logprobs"),
+    "completion_logprobs_above_limit": (COMPLETIONS, {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2,
+                                                      "logprobs": 21}, (400, 422), "logprobs"),
+    "completion_max_tokens_zero_without_echo": (COMPLETIONS, {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 0},
+                                                (400,), "max_tokens"),
     "completion_prompt_empty": (COMPLETIONS, {"model": MODEL_ID, "prompt": "", "max_tokens": 8}, (400,), "prompt"),
     "completion_prompt_not_string": (COMPLETIONS, {"model": MODEL_ID, "prompt": 7, "max_tokens": 8}, (400, 422),
                                      "prompt"),

@@ -3,7 +3,8 @@
 The portable runtime (tensorrt_llm_pytorch/1/sampling.py) and the LLM-API runtime
 (tensorrt_llm_llmapi/1/request_params.py) read the same optional request inputs (TensorRT-LLM's Triton
 names: temperature, runtime_top_k, runtime_top_p, seed, repetition/presence/frequency_penalty, min_tokens,
-embedding_bias, return_log_probs) and refuse the same values with the same messages; each then maps the result
+embedding_bias, return_log_probs; and this project's num_top_logprobs and return_prompt_log_probs, beyond upstream's
+interface) and refuse the same values with the same messages; each then maps the result
 onto its own engine. The greedy rule is TensorRT-LLM's (``regularizeTopKTopP`` in its sampling kernels: top_k 0
 and top_p 0, the defaults, mean greedy; top_k > 0 with top_p 0 means top_p 1), so temperature alone does not
 sample, as with the C++ backend and the LLM API; temperature 0 is greedy too.
@@ -35,6 +36,9 @@ class Decoding:
         min_tokens: 0 ... max_new_tokens (0: none).
         embedding_bias: one float per token id, None when absent, empty or all zeros.
         return_log_probs: the request asked for the sampled tokens' log probabilities.
+        num_top_logprobs: 0 ... MAX_TOP_LOGPROBS: the most likely tokens and their log probabilities to return
+            per token (0: none).
+        return_prompt_log_probs: the request asked for the log probability of each prompt token after the first.
     """
 
     temperature: Optional[float] = None
@@ -48,6 +52,12 @@ class Decoding:
     min_tokens: int = 0
     embedding_bias: Optional[list] = None
     return_log_probs: bool = False
+    num_top_logprobs: int = 0
+    return_prompt_log_probs: bool = False
+
+
+MAX_TOP_LOGPROBS = 20
+"""The most alternatives per token a request may ask for (num_top_logprobs): OpenAI's top_logprobs limit."""
 
 
 def _finite(name: str, value) -> float:
@@ -110,6 +120,14 @@ def decoding(get: Callable[[str], object], *, max_new_tokens: int, embedding_bia
         raise DecodingError("embedding_bias holds a value that is not a finite number")
     d.embedding_bias = bias if any(bias) else None
     d.return_log_probs = bool(get("return_log_probs") or False)
+    top = get("num_top_logprobs")
+    if top is not None:
+        if not 0 <= int(top) <= MAX_TOP_LOGPROBS:
+            raise DecodingError(f"num_top_logprobs = {top}: must be between 0 and {MAX_TOP_LOGPROBS} (the most likely "
+                                f"tokens returned per token, OpenAI's top_logprobs limit): send at most "
+                                f"{MAX_TOP_LOGPROBS}, or 0 for none")
+        d.num_top_logprobs = int(top)
+    d.return_prompt_log_probs = bool(get("return_prompt_log_probs") or False)
     return d
 
 

@@ -221,3 +221,35 @@ def test_plan_runtime_settings_are_what_the_repository_holds(fake_engine, tmp_pa
     assert {k: params[k] for k in settings} == settings
     if target == "h200":
         assert settings["max_tokens_in_paged_kv_cache"] == str(plan.memory.kv.capacity_tokens)
+
+
+def test_log_prob_tensors_are_declared_where_the_runtime_reads_them(fake_engine, trtllm_engine, tmp_path):
+    """The portable runtime's repository declares the log-prob tensors beyond upstream's interface on tensorrt_llm,
+    the ensemble (mapped to tensorrt_llm) and tensorrt_llm_bls (which forwards them, and adds output_token_ids);
+    the C++ backend's does not (it reads no such input: Triton refuses a request that sends one)."""
+    from model_repo.generate import BLS_OUTPUTS, LOG_PROB_INPUTS, LOG_PROB_OUTPUTS
+    from tests.conftest import write_spec
+
+    ins, outs = {p.runtime_name for p in LOG_PROB_INPUTS}, {p.runtime_name for p in LOG_PROB_OUTPUTS}
+    assert ins == {"num_top_logprobs", "return_prompt_log_probs"}
+    _, plan = _plan(fake_engine)
+    configs = write_repository(plan, tmp_path / "pytorch")
+    for name in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
+        assert ins <= {i.name for i in configs[name].input} and outs <= {o.name for o in configs[name].output}, name
+    assert {o.name for o in configs["tensorrt_llm_bls"].output} - {o.name for o in configs["ensemble"].output} == \
+        {p.runtime_name for p in BLS_OUTPUTS} == {"output_token_ids"}
+    step = next(s for s in configs["ensemble"].ensemble_scheduling.step if s.model_name == "tensorrt_llm")
+    assert ins <= set(step.input_map) and outs <= set(step.output_map)
+    bls = {k: v.string_value for k, v in configs["tensorrt_llm_bls"].parameters.items()}
+    assert "num_top_logprobs:num_top_logprobs" in bls["runtime_input_names"]
+    assert outs <= set(bls["runtime_output_names"].split(","))
+    dims = {o.name: list(o.dims) for o in configs["tensorrt_llm"].output}
+    assert dims["top_log_probs"] == [-1, -1, -1] and dims["prompt_log_probs"] == [-1]
+
+    build = load_spec(write_spec(tmp_path / "b.yaml", tmp_path, runtime="trtllm"), "h100")
+    eng = trtllm_engine()
+    trt = write_repository(plan_repository(build, get_target("h100"), None, eng, tokenizer_dir=eng / "tokenizer"),
+                           tmp_path / "trtllm")
+    for name in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
+        names = {i.name for i in trt[name].input} | {o.name for o in trt[name].output}
+        assert not names & (ins | outs | {"output_token_ids"}), name

@@ -413,3 +413,18 @@ def test_a_guide_maps_onto_guided_decoding_params():
     assert opts().guided is None
     with pytest.raises(rp.RequestOptionError, match="structural_tag"):
         opts(guided_decoding_guide_type="structural_tag", guided_decoding_guide="{}")
+
+
+def test_top_log_probs_and_prompt_log_probs_are_refused_by_name():
+    """The portable runtime's num_top_logprobs and return_prompt_log_probs are not mapped onto the LLM API: refused
+    with the input, the value and the way out; 0 / false are what nothing sent means."""
+    with pytest.raises(rp.RequestOptionError, match=r"num_top_logprobs = 3: not supported by the trtllm-llmapi "
+                                                    r"runtime .*send 0, or serve the build with runtime pytorch"):
+        opts(return_log_probs=True, num_top_logprobs=3)
+    with pytest.raises(rp.RequestOptionError, match=r"return_prompt_log_probs = true: not supported .*runtime "
+                                                    r"pytorch"):
+        opts(return_prompt_log_probs=True)
+    with pytest.raises(rp.RequestOptionError, match="num_top_logprobs = 21: must be between 0 and 20"):
+        opts(num_top_logprobs=21)
+    o = opts(return_log_probs=True, num_top_logprobs=0, return_prompt_log_probs=False)
+    assert o.sampling["logprobs"] == 1 and set(o.sampling) <= FIELDS

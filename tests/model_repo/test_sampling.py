@@ -93,9 +93,35 @@ def test_log_probs_are_recorded_per_token(runner):
     assert len(entry.log_probs) >= len(out) and all(lp <= 0 for lp in entry.log_probs)
 
 
+def test_top_log_probs_are_the_plain_forwards_most_likely_tokens(runner, tiny_llama):
+    """num_top_logprobs k: per generated token, the k most likely tokens and their log probabilities, most likely
+    first, equal to torch.log_softmax of a plain forward of the same model over the same prefix (the continuous
+    batching's paged attention changes nothing above 1e-4); greedy: the first is the token generated, with its
+    return_log_probs value. Without return_log_probs the alternatives come alone."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out, entry = runner(max_new=5, return_log_probs=True, num_top_logprobs=4)
+    assert len(entry.top) >= len(out) == 5
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([PROMPT + out])).logits[0].float(), dim=-1)
+    for i, token in enumerate(out):
+        values, ids = entry.top[i]
+        want = torch.topk(ref[len(PROMPT) - 1 + i], 4)
+        assert ids == want.indices.tolist() and values == pytest.approx(want.values.tolist(), abs=1e-4)
+        assert values == sorted(values, reverse=True) and ids[0] == token and values[0] == entry.log_probs[i]
+    alone, entry = runner(max_new=3, num_top_logprobs=2)
+    assert alone == out[:3] and not entry.log_probs and [ids for _, ids in entry.top[:3]] == \
+        [ids[:2] for _, ids in runner(max_new=3, num_top_logprobs=4)[1].top[:3]]
+
+
 @pytest.mark.parametrize("opts, match", [({"temperature": -1.0}, "temperature"), ({"top_p": 1.5}, "top_p"),
                                          ({"min_tokens": 50}, "min_tokens"), ({"repetition_penalty": 0.0},
-                                                                              "repetition_penalty")])
+                                                                              "repetition_penalty"),
+                                         ({"num_top_logprobs": 21}, "num_top_logprobs = 21: must be between 0 "
+                                                                    "and 20"),
+                                         ({"num_top_logprobs": -1}, "num_top_logprobs = -1")])
 def test_bad_options_are_refused(opts, match):
     names = {"top_p": "runtime_top_p"}
     with pytest.raises(sampling.SamplingError, match=match):

@@ -389,12 +389,18 @@ def _wait_published_total(server, want, timeout_s=30.0):
 
 
 def _log_probs(server, text):
-    _, n, chunks = _text(server, text, 8, extra={"return_log_probs": True},
-                         extra_outputs=("output_log_probs", "cum_log_probs"))
-    lps = [float(x) for c in chunks if c.outputs and "output_log_probs" in c.outputs
-           for x in c.outputs["output_log_probs"].reshape(-1)]
-    assert len(lps) == n > 0
-    return lps
+    """The sampled tokens' log probs, then each one's 3 most likely (ids, values) and the prompt's log probs
+    (num_top_logprobs, return_prompt_log_probs: one forward pass of the prompt where the model is, the engine
+    worker or the stub)."""
+    _, n, chunks = _text(server, text, 8, extra={"return_log_probs": True, "num_top_logprobs": 3,
+                                                 "return_prompt_log_probs": True},
+                         extra_outputs=("output_log_probs", "cum_log_probs", "top_token_ids", "top_log_probs",
+                                        "prompt_log_probs"))
+    got = {name: [float(x) for c in chunks if c.outputs and name in c.outputs for x in c.outputs[name].reshape(-1)]
+           for name in ("output_log_probs", "top_token_ids", "top_log_probs", "prompt_log_probs")}
+    lps = got["output_log_probs"]
+    assert len(lps) == n > 0 and len(got["top_token_ids"]) == 3 * n and got["prompt_log_probs"]
+    return lps, got["top_token_ids"] + got["top_log_probs"] + got["prompt_log_probs"]
 
 
 def test_engine_process_serves_like_the_stub_loop_with_either_dispatch(server, engine_dir, tmp_path):
@@ -409,7 +415,7 @@ def test_engine_process_serves_like_the_stub_loop_with_either_dispatch(server, e
     opts = {"temperature": 1.3, "top_p": 0.95, "seed": 5}
     greedy = [t for r in _direct_stream(server, engine_dir, text, 16) for t in r]
     sampled = _text(server, text, 16, extra=opts)[0]
-    lps = _log_probs(server, text)
+    lps, more = _log_probs(server, text)
     assert all(lp <= 0 for lp in lps)
     for dispatch in ("thread", "inline"):
         srv = _start_server(engine_dir, tmp_path / dispatch, engine_process="false", response_dispatch=dispatch)
@@ -424,7 +430,9 @@ def test_engine_process_serves_like_the_stub_loop_with_either_dispatch(server, e
                 assert _wait_published(srv, "responses", len(got)) == len(got) == _counter(srv, "steps")
             else:
                 assert _text(srv, text, 16, extra=opts)[0] == sampled
-                assert _log_probs(srv, text) == pytest.approx(lps, rel=1e-4, abs=1e-5)
+                got, got_more = _log_probs(srv, text)
+                assert got == pytest.approx(lps, rel=1e-4, abs=1e-5)
+                assert got_more == pytest.approx(more, rel=1e-4, abs=1e-5)
         finally:
             result = srv.stop()
         assert not result["forced"], result

@@ -47,7 +47,9 @@ IDS = [f"{t}-{q}{'+kv' if kv else ''}-tp{tp}pp{pp}-{n}node" for t, q, kv, tp, pp
 # Outputs of ours that upstream's models do not have, or have with other dims, on purpose (README "interface").
 OURS = {"num_output_tokens": "tokens carried by each response, counted by the server (upstream's num_output_tokens "
                              "[1] is only sent with return_num_output_tokens)",
-        "NUM_OUTPUT_TOKENS": "postprocessing's count behind num_output_tokens"}
+        "NUM_OUTPUT_TOKENS": "postprocessing's count behind num_output_tokens",
+        "stop_strings": "tensorrt_llm_bls only: stop strings matched on the decoded text (upstream's stop_words are "
+                        "token ids, kept as they are)"}
 # Inputs upstream makes optional that ours require, on purpose.
 REQUIRED_HERE = {"input_ids": "decoder-only models need the prompt (upstream allows encoder features instead)"}
 
@@ -150,6 +152,8 @@ def _check_against_upstream(ours: dict, upstream: dict, name: str) -> None:
     theirs_in = {t["name"]: t for t in upstream["inputs"]}
     theirs_out = {t["name"]: t for t in upstream["outputs"]}
     for t in ours.get("input", []):
+        if t["name"] in OURS:
+            continue
         up = theirs_in.get(t["name"])
         assert up is not None, f"{name}: input {t['name']} is not an input of upstream's {name}"
         if not up["data_type"].startswith("${"):

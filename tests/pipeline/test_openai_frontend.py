@@ -192,7 +192,8 @@ def test_async_streaming_completions(frontend):
     (dict(temperature=5.0), 400, "temperature"),
     (dict(max_tokens=0), 400, "max_tokens"),
     (dict(max_tokens=5000), 400, "max_tokens"),
-    (dict(logprobs=True), 400, "logprobs"),
+    (dict(top_logprobs=2), 400, "top_logprobs"),
+    (dict(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
     (dict(n=99), 400, "n"),
     (dict(messages=[{"role": "user", "content": "word " * 1500}]), 400, "messages"),
     (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), 400, "tool_choice"),
@@ -316,3 +317,164 @@ def test_the_load_tester_speaks_openai_and_counts_the_servers_tokens(frontend, d
         time.sleep(0.2)
     assert _metric(metrics, "trtpipe_runtime_total", 'kind="tokens"') - generated == 48
     assert _metric(frontend.launch.url + "/metrics", "trtpipe_openai_tokens_total", 'kind="completion"') - sent == 48
+
+
+# ---- log probabilities: equal to transformers' own log_softmax of the served weights -------------------------------
+
+CJK_PROMPT = "北京是中国的首都🎉 The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def reference(built_default):
+    """transformers on the build's engine folder (the weights the runtime serves, float32 as the cpu target):
+    ``reference(ids, steps, k)`` -> (log_softmax of every position of ids + the greedy continuation [len, vocab],
+    the continuation's ids), and the tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    engine = built_default / "engine"
+    model = AutoModelForCausalLM.from_pretrained(str(engine), dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(str(engine), local_files_only=True)
+
+    def run(ids, steps):
+        ids = list(ids)
+        out = []
+        with torch.no_grad():
+            for _ in range(steps):  # greedy, one plain forward per token
+                lsm = torch.log_softmax(model(torch.tensor([ids + out])).logits[0].float(), dim=-1)
+                out.append(int(torch.argmax(lsm[-1])))
+            lsm = torch.log_softmax(model(torch.tensor([ids + out])).logits[0].float(), dim=-1)
+        return lsm, out
+
+    run.tok = tok
+    return run
+
+
+def _top_dict(tok, lsm_row, token, k):
+    """Completions' top_logprobs entry as documented (pipeline.openai_logprobs): the k most likely by string, the
+    first of a string kept, and the token itself."""
+    import torch
+
+    values, ids = torch.topk(lsm_row, k)
+    want = {}
+    for t, v in zip(ids.tolist(), values.tolist()):
+        want.setdefault(tok.decode([t]), v)
+    want.setdefault(tok.decode([token]), float(lsm_row[token]))
+    return want
+
+
+def _joined(chunks):
+    """A streamed completion's logprobs, chunk after chunk, as one object (text_offset as sent)."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for c in chunks:
+        lp = c.choices[0].logprobs if c.choices else None
+        for key in out if lp else ():
+            out[key] += getattr(lp, key)
+    return out
+
+
+def test_completions_echo_logprobs_are_transformers_log_softmax(client, reference):
+    """echo + logprobs k on a CJK/emoji prompt: every prompt token (the first null) and every generated token, with
+    its k most likely alternatives (sorted, holding the greedy token first), equal to log_softmax of transformers'
+    forward within 1e-4; the text is the prompt then the answer; streamed, each chunk carries its own tokens' and the
+    whole is the same."""
+    tok = reference.tok
+    ids = tok.encode(CJK_PROMPT, add_special_tokens=True)
+    lsm, gen = reference(ids, 4)
+    r = client.completions.create(model=MODEL, prompt=CJK_PROMPT, max_tokens=4, temperature=0, logprobs=3, echo=True)
+    choice = r.choices[0]
+    lp = choice.logprobs
+    assert choice.text == CJK_PROMPT + tok.decode(gen) and r.usage.completion_tokens == len(gen) == 4
+    assert r.usage.prompt_tokens == len(ids)
+    assert lp.tokens == [tok.decode([t]) for t in ids + gen] and "\ufffd" in lp.tokens  # half characters: vLLM's
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    want = [float(lsm[j - 1, t]) for j, t in enumerate(ids + gen) if j]
+    assert lp.token_logprobs[1:] == pytest.approx(want, abs=1e-4)
+    for j, t in enumerate(ids + gen):
+        if j:
+            top = lp.top_logprobs[j]
+            expected = _top_dict(tok, lsm[j - 1], t, 3)
+            assert list(top) == list(expected) and list(top.values()) == pytest.approx(list(expected.values()),
+                                                                                        abs=1e-4)
+            assert list(top.values())[:3] == sorted(list(top.values())[:3], reverse=True)
+            if j >= len(ids):  # generated greedily: the most likely token
+                assert max(top.values()) == lp.token_logprobs[j]
+    assert lp.text_offset == [sum(len(x) for x in lp.tokens[:j]) for j in range(len(lp.tokens))]
+    chunks = list(client.completions.create(model=MODEL, prompt=CJK_PROMPT, max_tokens=4, temperature=0, logprobs=3,
+                                            echo=True, stream=True))
+    assert chunks[0].choices[0].text == CJK_PROMPT and len(chunks[0].choices[0].logprobs.tokens) == len(ids)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    streamed = _joined(chunks)
+    assert streamed["tokens"] == lp.tokens and streamed["token_logprobs"] == lp.token_logprobs
+    assert streamed["top_logprobs"] == lp.top_logprobs
+
+
+def test_lm_evaluation_harness_loglikelihood_requests(client, reference):
+    """What lm-evaluation-harness 0.4's local-completions sends for a loglikelihood request (openai_completions.py
+    _create_payload: the context + continuation token ids, echo, logprobs 1, max_tokens 1, temperature 0, a seed) and
+    how it reads the answer (parse_logprobs: sum(token_logprobs[ctxlen:-1]), greedy when each of those equals
+    max(top_logprobs[...].values())); and the scoring-only form, max_tokens 0."""
+    tok = reference.tok
+    context = tok.encode("The capital of France is", add_special_tokens=False)
+    for continuation, greedy in ((" Paris", True), (" Rome", False)):
+        cont = tok.encode("The capital of France is" + continuation, add_special_tokens=False)[len(context):]
+        tokens = context + cont
+        r = client.completions.create(model=MODEL, prompt=[tokens], temperature=0, max_tokens=1, logprobs=1,
+                                      seed=1234, echo=True)
+        lp = r.choices[0].logprobs
+        assert len(lp.token_logprobs) == len(tokens) + 1  # the prompt's tokens, then the one generated
+        ctxlen = len(context)
+        score = sum(lp.token_logprobs[ctxlen:-1])
+        is_greedy = all(t == max(top.values()) for t, top in zip(lp.token_logprobs[ctxlen:-1],
+                                                                   lp.top_logprobs[ctxlen:-1]))
+        lsm, _ = reference(tokens, 0)
+        assert score == pytest.approx(sum(float(lsm[j - 1, tokens[j]]) for j in range(ctxlen, len(tokens))),
+                                      abs=1e-4 * len(cont))
+        assert is_greedy is greedy
+    r = client.completions.create(model=MODEL, prompt=[tokens], max_tokens=0, echo=True, logprobs=0)
+    assert r.choices[0].logprobs.tokens == [tok.decode([t]) for t in tokens] and r.usage.completion_tokens == 0
+    assert r.choices[0].text == tok.decode(tokens) and r.choices[0].finish_reason == "length"
+    assert r.choices[0].logprobs.top_logprobs[1] == {tok.decode([tokens[1]]): r.choices[0].logprobs.token_logprobs[1]}
+
+
+def test_chat_logprobs_and_top_logprobs_are_transformers_log_softmax(client, reference):
+    """logprobs + top_logprobs 3 on a CJK/emoji question, whole and streamed: each token's string, UTF-8 bytes (a
+    half character reads U+FFFD, vLLM's rule) and log probability, and its 3 most likely alternatives sorted with the
+    greedy token first, equal to transformers' log_softmax within 1e-4; one entry per counted token."""
+    tok = reference.tok
+    messages = [{"role": "user", "content": "请用中文介绍一下北京。🎉"}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    ids = tok.encode(prompt, add_special_tokens=True)
+    ask = dict(model=MODEL, messages=messages, max_tokens=8, temperature=0, logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(**ask)
+    content = r.choices[0].logprobs.content
+    lsm, gen = reference(ids, len(content))
+    assert len(content) == r.usage.completion_tokens == 8 and r.choices[0].message.content == tok.decode(gen)
+    import torch
+
+    for j, (entry, t) in enumerate(zip(content, gen)):
+        row = lsm[len(ids) - 1 + j]
+        assert entry.token == tok.decode([t]) and entry.bytes == list(entry.token.encode("utf-8"))
+        assert entry.logprob == pytest.approx(float(row[t]), abs=1e-4)
+        values, top_ids = torch.topk(row, 3)
+        assert [x.token for x in entry.top_logprobs] == [tok.decode([i]) for i in top_ids.tolist()]
+        assert [x.logprob for x in entry.top_logprobs] == pytest.approx(values.tolist(), abs=1e-4)
+        assert [x.logprob for x in entry.top_logprobs] == sorted([x.logprob for x in entry.top_logprobs], reverse=True)
+        assert entry.top_logprobs[0].token == entry.token and entry.top_logprobs[0].logprob == entry.logprob
+    assert any(e.bytes == [239, 191, 189] for e in content)  # the precondition: a character spans two tokens
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, [x.logprob for x in e.top_logprobs]) for e in streamed] == \
+        [(e.token, e.logprob, [x.logprob for x in e.top_logprobs]) for e in content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == r.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == len(streamed)
+
+
+@pytest.mark.parametrize("kwargs,param", [(dict(logprobs=21), "logprobs"), (dict(max_tokens=0), "max_tokens"),
+                                          (dict(logprobs=-1), "logprobs"), (dict(suffix="x"), "suffix")])
+def test_bad_completion_logprobs_are_400s_naming_the_field(client, kwargs, param):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(**{"model": MODEL, "prompt": "Hi", "max_tokens": 2, **kwargs})
+    assert err.value.body["param"] == param and err.value.body["message"]

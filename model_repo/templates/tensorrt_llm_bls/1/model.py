@@ -6,7 +6,8 @@
 # asks every live request's sender every cancellation_check_period_ms (also while its tensorrt_llm
 # request is queued and sends nothing) and forwards a cancellation as a `stop` request. At most PENDING_MAX
 # tensorrt_llm calls wait for their first response at once, so that Triton's BLS threads stay free for stops
-# and for the responses to clients.
+# and for the responses to clients. A client that asks for output_token_ids by name (beyond upstream's
+# interface: model_repo.generate.BLS_OUTPUTS) gets, with each response, the token ids of the text it carries.
 
 import json as _json
 import os as _os
@@ -115,6 +116,14 @@ def _stop_strings(request) -> list:
         return []
     words = [w.decode("utf-8") if isinstance(w, bytes) else str(w) for w in t.as_numpy().reshape(-1)]
     return [w for w in words if w]
+
+
+def _asks_for(request, name):
+    """Whether the client asked for output ``name`` by name (the model sends output_token_ids only then)."""
+    try:
+        return name in set(request.requested_output_names())
+    except Exception:  # a Python backend without requested_output_names()
+        return False
 
 
 class TritonPythonModel:
@@ -257,7 +266,8 @@ class TritonPythonModel:
         finally:
             self.pending.release()
         n_t = pb_utils.get_input_tensor_by_name(request, "num_return_sequences")
-        self._relay(stream, live, _stop_strings(request), int(n_t.as_numpy().reshape(-1)[0]) if n_t is not None else 1)
+        self._relay(stream, live, _asks_for(request, "output_token_ids"), _stop_strings(request),
+                    int(n_t.as_numpy().reshape(-1)[0]) if n_t is not None else 1)
 
     def _wait_pending(self, live):
         """Take one of the PENDING_MAX slots (True), or False once the client cancelled while it waited."""
@@ -266,10 +276,11 @@ class TritonPythonModel:
                 return False
         return True
 
-    def _relay(self, stream, live, stops=(), n_seq=1):
-        """Detokenize every response of the tensorrt_llm ``stream`` and send it to the client, until the end.
-        ``stops``: the request's stop_strings, matched on each sequence's text (StopMatcher): the text from the
-        first one on is left out, and once every sequence has stopped the tensorrt_llm request is stopped."""
+    def _relay(self, stream, live, token_ids=False, stops=(), n_seq=1):
+        """Detokenize every response of the tensorrt_llm ``stream`` and send it to the client, until the end
+        (``token_ids``: with output_token_ids, the ids of each one-sequence response's text). ``stops``: the
+        request's stop_strings, matched on each sequence's text (StopMatcher): the text from the first one on is
+        left out, and once every sequence (``n_seq``) has stopped the tensorrt_llm request is stopped."""
         live.stream = stream
         if live.cancelled and live.claim_stop():  # cancelled between the check above and the send
             self._stop(live.inner_id, stream)
@@ -307,6 +318,8 @@ class TritonPythonModel:
                         continue  # tokens after its stop string, generated before the stop reached the runtime
                     text = matcher.push(text)
                 texts, counts = [text.encode("utf-8")], [n]
+                if token_ids:
+                    passed["output_token_ids"] = np.ascontiguousarray(tokens[0, 0, :n], dtype=np.int32).reshape(1, n)
             elif stops:
                 raise ValueError("stop_strings with beam_width > 1: beams are rewritten until the end, so a stop "
                                  "string cannot end one; send stop_words (token ids) or beam_width 1")

@@ -7,7 +7,9 @@
 # same way on every runtime. Greedy is SamplingParams(top_k=1); sampling passes temperature, top_k and
 # top_p as sent.
 #   seed -> seed; repetition/presence/frequency_penalty as they are; min_tokens;
-#   return_log_probs -> logprobs=1 (the sampled token's log probability); return_context_logits and
+#   return_log_probs -> logprobs=1 (the sampled token's log probability); the portable runtime's
+#   num_top_logprobs > 0 and return_prompt_log_probs are refused (not mapped onto the LLM API: its
+#   alternatives and prompt log probabilities are not among the facts recorded for 1.2.1); return_context_logits and
 #   return_generation_logits as they are; embedding_bias (a float per token id) -> embedding_bias;
 #   beam_width > 1 -> use_beam_search, best_of = beam_width, n = num_return_sequences (default: all beams);
 #   num_return_sequences n (sampling) -> n; stop_words_list / bad_words_list -> stop_token_ids /
@@ -131,6 +133,14 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
     if d.min_tokens > 0:
         kw["min_tokens"] = d.min_tokens
     log_probs = d.return_log_probs
+    if d.num_top_logprobs:
+        raise RequestOptionError(f"num_top_logprobs = {d.num_top_logprobs}: not supported by the trtllm-llmapi runtime "
+                                 "(return_log_probs gives the sampled token's log probability only, SamplingParams("
+                                 "logprobs=1)): send 0, or serve the build with runtime pytorch")
+    if d.return_prompt_log_probs:
+        raise RequestOptionError("return_prompt_log_probs = true: not supported by the trtllm-llmapi runtime (the "
+                                 "prompt's log probabilities are not mapped onto the LLM API): drop it, or serve the "
+                                 "build with runtime pytorch")
     if log_probs:
         kw["logprobs"] = 1
     kw.update(_words("stop", list(stop_words), decode))

@@ -214,6 +214,8 @@ class Delivery:
             out += [pb_utils.Tensor("output_log_probs", np.asarray(lps, dtype=np.float32).reshape(1, 1, -1)),
                     pb_utils.Tensor("cum_log_probs", np.asarray([[sum(entry.log_probs[:offset + len(tokens)])]],
                                                                 dtype=np.float32))]
+        if entry is not None and (entry.params.num_top_logprobs or entry.prompt is not None):
+            out += _log_prob_tensors(entry, offset, len(tokens))
         if state.gen_logits and entry is not None:  # [batch 1, beam 1, tokens of this response, vocab]
             rows = entry.logits[offset:offset + len(tokens)]
             logits = np.stack(rows).astype(np.float32) if rows else np.zeros((0, self.vocab_size), np.float32)
@@ -253,3 +255,25 @@ class Delivery:
         if state.first_token_ns:
             self.stats["generating"] -= 1
 
+
+
+def _log_prob_tensors(entry, offset, n):
+    """The log-prob outputs beyond upstream's interface of one response (tokens offset ... offset + n of the
+    sequence): top_log_probs / top_token_ids [batch 1, beam 1, n, k] for num_top_logprobs k, and, once (the
+    sequence's first response), prompt_log_probs [1, prompt - 1] with prompt_top_log_probs / prompt_top_token_ids
+    [1, prompt - 1, k] (sampling.Entry.top and .prompt)."""
+    k = entry.params.num_top_logprobs
+    out = []
+    if k:
+        rows = entry.top[offset:offset + n]
+        rows += [([float("-inf")] * k, [-1] * k)] * (n - len(rows))  # not recorded (never seen): no alternatives
+        out += [pb_utils.Tensor("top_log_probs", np.asarray([r[0] for r in rows], np.float32).reshape(1, 1, n, k)),
+                pb_utils.Tensor("top_token_ids", np.asarray([r[1] for r in rows], np.int32).reshape(1, 1, n, k))]
+    if entry.prompt is not None:
+        lps, top_lps, top_ids = entry.prompt
+        entry.prompt = None
+        out.append(pb_utils.Tensor("prompt_log_probs", np.asarray(lps, np.float32).reshape(1, -1)))
+        if k:
+            out += [pb_utils.Tensor("prompt_top_log_probs", np.asarray(top_lps, np.float32).reshape(1, len(lps), k)),
+                    pb_utils.Tensor("prompt_top_token_ids", np.asarray(top_ids, np.int32).reshape(1, len(lps), k))]
+    return out

@@ -130,7 +130,7 @@ class _EngineProcess:
                 self._kv_free = message[1]
                 continue
             outputs, done = [], []
-            for rid, new, finished, error, lps, blocks, logits in message[1]:
+            for rid, new, finished, error, lps, blocks, logits, extra in message[1]:
                 state = self.owner.requests.get(rid)
                 if state is None:  # cancelled or failed meanwhile
                     self.tokens.pop(rid, None)
@@ -138,10 +138,14 @@ class _EngineProcess:
                     continue
                 tokens = self.tokens.setdefault(rid, [])
                 tokens.extend(new)
-                entry = self.owner.table.get(state.handle) if (lps or logits) else None
+                entry = self.owner.table.get(state.handle) if (lps or logits or extra) else None
                 if entry is not None:
                     entry.log_probs.extend(lps or ())
                     entry.logits.extend(logits or ())
+                    if extra:
+                        entry.top.extend(extra.get("top") or ())
+                        if extra.get("prompt") is not None:
+                            entry.prompt = extra["prompt"]
                 if blocks is not None:
                     self.kv_blocks[rid] = max(self.kv_blocks.get(rid, 0), blocks)
                 outputs.append(_Output(rid, tokens, finished, error))

@@ -12,8 +12,10 @@
 #                   ("add", rid, ids, max_new_tokens, end_ids, params, perf)
 #                   ("cancel", rid)   ("kv",)   ("stop",)
 #   worker -> stub  ("ready", info)   or   ("fatal", message)
-#                   ("step", [(rid, new_tokens, finished, error, log_probs, kv_blocks, logits), ...])  one per step
-#                   (log_probs / logits: lists for the new tokens when the request asked for them, else None)
+#                   ("step", [(rid, new_tokens, finished, error, log_probs, kv_blocks, logits, extra), ...])
+#                   one per step (log_probs / logits: lists for the new tokens when the request asked for them, else
+#                   None; extra: None, or {"top": [(log probs, ids)] per new token (num_top_logprobs), "prompt":
+#                   (log probs, top log probs, top ids) of the prompt, in the sequence's first item only})
 #                   ("kv", free_blocks or None)
 # The worker exits when the stub's end of the socket closes (the stub died or stopped).
 
@@ -123,6 +125,7 @@ class Worker:
         self.conn = conn
         self.send_lock = threading.Lock()
         self.live = {}  # rid -> [handle, tokens sent, perf]
+        self.prompts = None  # log_probs.Memo, made on the first request for prompt log probs
 
     def send(self, message):
         with self.send_lock:
@@ -166,7 +169,15 @@ class Worker:
                     compile_guide(self.table, params)
                 except DecodingError as exc:  # that request's error; the loop never sees its grammar
                     self.forget(rid)
-                    self.send(("step", [(rid, [], True, str(exc), None, None, None)]))
+                    self.send(("step", [(rid, [], True, str(exc), None, None, None, None)]))
+                    continue
+                try:
+                    if params.get("return_prompt_log_probs"):  # one forward pass, before the request generates
+                        self.table.get(handle).prompt = self.score_prompt(ids, params.get("num_top_logprobs", 0))
+                except Exception as exc:
+                    self.forget(rid)
+                    self.send(("step", [(rid, [], True, f"return_prompt_log_probs: scoring the prompt failed: "
+                                         f"{type(exc).__name__}: {exc}", None, None, None, None)]))
                     continue
                 try:
                     added = self.manager.add_request(ids, request_id=rid, max_new_tokens=max_new, streaming=True,
@@ -178,7 +189,7 @@ class Worker:
                 if added is None:
                     self.forget(rid)
                     self.send(("step", [(rid, [], True, f"the runtime is not accepting requests ({why})",
-                                         None, None, None)]))
+                                         None, None, None, None)]))
             elif kind == "cancel":
                 self.manager.cancel_request(message[1])
                 self.forget(message[1])
@@ -186,6 +197,14 @@ class Worker:
                 self.send(("kv", free_blocks(self.manager, self.num_blocks)))
             elif kind == "stop":
                 return
+
+    def score_prompt(self, ids, k):
+        """The prompt's log probabilities (log_probs.py beside this file) as plain lists."""
+        if self.prompts is None:
+            import log_probs
+
+            self.prompts = log_probs.Memo()
+        return self.prompts.get(self.manager.model, ids, k).as_tuple()
 
     def forget(self, rid):
         entry = self.live.pop(rid, None)
@@ -209,8 +228,13 @@ class Worker:
                 lps = record.log_probs[sent:n]
             if record is not None and record.params.return_generation_logits:
                 logits = record.logits[sent:n]
+            extra = None
+            if record is not None and (record.params.num_top_logprobs or record.prompt is not None):
+                extra = {"top": record.top[sent:n]}
+                if record.prompt is not None:  # once, with the sequence's first step
+                    extra["prompt"], record.prompt = record.prompt, None
             items.append((out.request_id, list(generated[sent:n]), finished, str(out.error) if out.error else None,
-                          lps, blocks_of(self.manager, out.request_id) if perf else None, logits))
+                          lps, blocks_of(self.manager, out.request_id) if perf else None, logits, extra))
             entry[1] = n
             if finished:
                 self.forget(out.request_id)

@@ -18,7 +18,8 @@
 #
 # This file is the model's lifecycle, intake and housekeeping; beside it: request_parsing.py (a request's
 # inputs -> validated rows), delivery.py (per-step outputs -> responses), engine_proxy.py (the engine
-# process's stub side), engine_worker.py (the generation loop), sampling.py (per-request decoding).
+# process's stub side), engine_worker.py (the generation loop), sampling.py (per-request decoding), log_probs.py
+# (the prompt's log probabilities: one forward pass of the prompt, for return_prompt_log_probs).
 
 import json as _json
 import os as _os
@@ -247,9 +248,10 @@ class TritonPythonModel(RequestParsing, Delivery):
             raise RequestError("this runtime serves decoupled (streaming) transactions only; "
                                "regenerate the repository with serving.streaming: true")
         if _opt_scalar(request, "return_context_logits", False):
-            raise RequestError("return_context_logits: the pytorch runtime computes logits at the last prompt "
-                               "position only (transformers' continuous batching); drop it (generation_logits "
-                               "are returned)")
+            raise RequestError("return_context_logits = true: the pytorch runtime does not return the prompt's logits "
+                               "(vocab x prompt floats; transformers' continuous batching computes logits at the last "
+                               "prompt position only): drop it, and send return_prompt_log_probs true (with "
+                               "num_top_logprobs k for the k most likely tokens) for the prompt's log probabilities")
         ids_t = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
         ids_t = ids_t.reshape(1, -1) if ids_t.ndim == 1 else ids_t
         batch = ids_t.shape[0]
@@ -269,6 +271,7 @@ class TritonPythonModel(RequestParsing, Delivery):
         if limit and waiting + n_total > limit:  # TensorRT-LLM's max_queue_size: reject, never wait unbounded
             raise RequestError(f"overloaded: {waiting} requests wait for a batch slot and serving.max_queue_size is "
                                f"{limit}: retry later")
+        prompts = [self._score_prompt(row) for row in rows]  # before any sequence is registered (it may raise)
         group = _Group(n_total)
         perf = bool(_opt_scalar(request, "return_perf_metrics", False))
         streaming = bool(_opt_scalar(request, "streaming", False))
@@ -280,6 +283,8 @@ class TritonPythonModel(RequestParsing, Delivery):
                 if i and params.seed is not None:  # sequence i of a seeded request: seed + i (reproducible, distinct)
                     seq_params = sampling.SamplingParams(**{**params.__dict__, "seed": params.seed + i})
                 handle = self.table.add(seq_params)
+                if prompts[b] is not None:
+                    self.table.get(handle).prompt = prompts[b]
                 states.append(_Request(uuid.uuid4().hex, sender, streaming, row["end_ids"], len(row["ids"]),
                                        row["max_new"], perf, row["stop_ids"], request, group=group, seq_index=i,
                                        handle=handle, prompt_ids=row["ids"], exclude_input=row["exclude"],
@@ -308,6 +313,22 @@ class TritonPythonModel(RequestParsing, Delivery):
                 for other in states:
                     self.manager.cancel_request(other.rid)
                 raise RequestError(f"the runtime is not accepting requests ({why}): retry later")
+
+    def _score_prompt(self, row):
+        """With engine_process false, the prompt log probabilities a row asks for (return_prompt_log_probs: one
+        forward pass here, log_probs.py), else None (the engine worker scores the prompt itself)."""
+        params = row["params"]
+        if self.engine_process or not params.return_prompt_log_probs:
+            return None
+        import log_probs
+
+        if getattr(self, "_prompts", None) is None:
+            self._prompts = log_probs.Memo()
+        try:
+            return self._prompts.get(self.manager.model, row["ids"], params.num_top_logprobs).as_tuple()
+        except Exception as exc:
+            raise RequestError(f"return_prompt_log_probs: scoring the prompt failed: {type(exc).__name__}: "
+                               f"{exc}") from exc
 
     def _stop(self, request, sender):
         """A request with ``stop`` = true stops the in-flight request(s) that carry the same Triton request

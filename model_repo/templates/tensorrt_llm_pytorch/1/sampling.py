@@ -7,11 +7,12 @@
 #   * `PenaltyProcessor` (first): keeps the raw logits for return_generation_logits, then embedding bias,
 #     bad words (transformers' NoBadWordsLogitsProcessor on the request's row), repetition, presence and
 #     frequency penalties and min_tokens, on the request's own token history; keeps the log distribution
-#     for return_log_probs;
+#     for return_log_probs and num_top_logprobs;
 #   * `SamplerProcessor` (last): for a sampled request, temperature, top_k and top_p on its row, then
 #     the draw with the request's own torch.Generator (seeded from `seed`, or randomly); it
 #     leaves only the drawn token finite, so the library's argmax returns exactly it. It also records
-#     the token's log probability for return_log_probs.
+#     the token's log probability for return_log_probs and the num_top_logprobs most likely tokens
+#     (torch.topk of the same log distribution: most likely first).
 # A greedy request without penalties or log probs is not touched by either: a batch of them costs
 # two Python loops over the batch at prepare time and nothing on the logits. (The library's own
 # per-request warpers sort the whole vocabulary for every row at every step, twice (top_k, top_p),
@@ -60,6 +61,8 @@ class SamplingParams:
     end_ids: tuple = ()
     return_log_probs: bool = False
     return_generation_logits: bool = False
+    num_top_logprobs: int = 0  # the most likely tokens (and their log probs) to record per generated token
+    return_prompt_log_probs: bool = False  # the prompt's log probs (log_probs.py: one forward pass)
     bad_words: tuple = ()  # token-id sequences never to generate (bad_words_list)
     embedding_bias: dict = field(default_factory=dict)  # token id -> added to its logit every step
     guide_type: str = ""  # guided decoding (trtpipe_runtime.grammar.GUIDE_TYPES); "" for none
@@ -69,6 +72,11 @@ class SamplingParams:
     def needs_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
                 or self.min_tokens > 0 or bool(self.bad_words) or bool(self.embedding_bias))
+
+    @property
+    def wants_log_dist(self) -> bool:
+        """The processors keep the row's log distribution: for return_log_probs or num_top_logprobs."""
+        return self.return_log_probs or self.num_top_logprobs > 0
 
     @property
     def needs_history(self) -> bool:
@@ -102,6 +110,7 @@ def parse_params(get, *, end_ids, max_new_tokens: int, bad_words=(), embedding_b
         if getattr(d, name) is not None:
             setattr(p, name, getattr(d, name))
     p.return_generation_logits = bool(get("return_generation_logits") or False)
+    p.num_top_logprobs, p.return_prompt_log_probs = d.num_top_logprobs, d.return_prompt_log_probs
     if guide is not None:
         p.guide_type, p.guide = guide.kind, guide.text
     return p
@@ -118,6 +127,8 @@ class Entry:
     generated: int = 0
     log_probs: list = field(default_factory=list)  # one per generated token, when asked for
     logits: list = field(default_factory=list)  # raw logits (float32 numpy [vocab]) per generated token, when asked for
+    top: list = field(default_factory=list)  # ([log prob] * k, [token id] * k) per token, for num_top_logprobs
+    prompt: object = None  # the prompt's log probs (log_probs.PromptLogProbs), for return_prompt_log_probs
     bad_words: object = None  # transformers' NoBadWordsLogitsProcessor for params.bad_words (made on first use)
     matcher: object = None  # trtpipe_runtime.grammar.Matcher for a guided request (made on first use)
     scratch: torch.Tensor | None = None
@@ -247,7 +258,7 @@ class PenaltyProcessor(_HandleProcessor):
     """
 
     def _wants(self, params: SamplingParams) -> bool:
-        return params.needs_penalties or params.return_log_probs or params.return_generation_logits
+        return params.needs_penalties or params.wants_log_dist or params.return_generation_logits
 
     def _record(self, entry: Entry, state) -> None:
         entry.generated = len(state.generated_tokens)
@@ -280,7 +291,7 @@ class PenaltyProcessor(_HandleProcessor):
                     row[ids] -= p.presence_penalty + p.frequency_penalty * counts.to(row.dtype)
                 if entry.generated < p.min_tokens and p.end_ids:
                     row[torch.tensor(list(p.end_ids), dtype=torch.long, device=row.device)] = float("-inf")
-            if p.return_log_probs:
+            if p.wants_log_dist:
                 src = scores if out is None else out
                 entry.scratch = torch.log_softmax(src[i].float(), dim=-1)
         return scores if out is None else out
@@ -303,7 +314,7 @@ class SamplerProcessor(_HandleProcessor):
     finite token there), so an all-greedy batch passes through untouched."""
 
     def _wants(self, params: SamplingParams) -> bool:
-        return not params.greedy or params.return_log_probs
+        return not params.greedy or params.wants_log_dist
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         rows = self._rows(scores)
@@ -319,8 +330,12 @@ class SamplerProcessor(_HandleProcessor):
                 token = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=entry.generator(logits.device))
             out[i].fill_(float("-inf"))
             out[i].index_fill_(0, token, 0.0)
-            if p.return_log_probs and entry.scratch is not None:
-                entry.log_probs.append(float(entry.scratch[token]))
+            if entry.scratch is not None:
+                if p.return_log_probs:
+                    entry.log_probs.append(float(entry.scratch[token]))
+                if p.num_top_logprobs:
+                    values, ids = torch.topk(entry.scratch, p.num_top_logprobs)
+                    entry.top.append((values.tolist(), ids.tolist()))
                 entry.scratch = None
         return out
 
