@@ -544,9 +544,21 @@ def query_url(url: str | None, build, out: Path) -> str:
     return grpc.split("://", 1)[-1] if grpc else f"127.0.0.1:{build.settings.serving.grpc_port}"
 
 
+def _query_constraint(args):
+    """The --json-schema / --regex constraint of a query, read and checked before anything else (None without)."""
+    from pipeline.structured import regex_constraint, schema_file
+
+    if args.json_schema is not None:
+        return schema_file(args.json_schema)
+    if args.regex is not None:
+        return regex_constraint(args.regex)
+    return None
+
+
 def cmd_query(args) -> int:
     from pipeline.client import format_chat, stream_generate
 
+    constraint = _query_constraint(args)  # a bad schema file is named before the build is even resolved
     build = _resolve(args)
     out = _folder(args, build)
     url = query_url(args.url, build, out)
@@ -556,18 +568,40 @@ def cmd_query(args) -> int:
     text = args.prompt if args.raw else format_chat(out / "engine", args.prompt, args.system,
                                                     trust_remote_code=build.model.trust_remote_code)
     t0 = time.perf_counter()
-    first, tokens = None, 0
-    for chunk in stream_generate(url, text, args.max_tokens):
+    first, tokens, answer = None, 0, []
+    for chunk in stream_generate(url, text, args.max_tokens,
+                                 extra=constraint.triton_inputs() if constraint else None):
         if chunk.num_tokens and first is None:
             first = chunk.t - t0
         tokens += chunk.num_tokens
+        answer.append(chunk.text)
         sys.stdout.write(chunk.text)
         sys.stdout.flush()
     total = time.perf_counter() - t0
     sys.stdout.write("\n")
     print(f"[{tokens} tokens, TTFT {first if first is not None else float('nan'):.3f} s, total {total:.2f} s]",
           file=sys.stderr)
-    return 0
+    return _report_constraint(constraint, "".join(answer), tokens, args.max_tokens) if constraint else 0
+
+
+def _report_constraint(constraint, answer: str, tokens: int, max_tokens: int) -> int:
+    """One stderr line: does the answer satisfy the constraint? Exit status 0 when it does, 1 when not."""
+    from pipeline.structured import CAUSES, check_answer, jsonschema_module
+
+    verdict = check_answer(constraint, answer, cut=tokens >= max_tokens)
+    if constraint.kind == "json_schema":
+        what = (f"validates against {constraint.source} (jsonschema)" if jsonschema_module() is not None
+                else "parses as JSON (jsonschema not installed: not validated against the schema)")
+    else:
+        what = f"matches {constraint.guide!r} (Python's re.fullmatch)"
+    if verdict.valid:
+        print(f"[the answer {what}]", file=sys.stderr)
+        return 0
+    hint = f": raise --max-tokens (now {max_tokens})" if verdict.cause == "cut_by_max_tokens" else ""
+    detail = f" ({verdict.detail})" if verdict.detail and not hint else ""
+    print(f"[the answer does NOT satisfy the constraint: {verdict.cause}: {CAUSES[verdict.cause]}{detail}{hint}]",
+          file=sys.stderr)
+    return 1
 
 
 def cmd_schema(args) -> int:
@@ -782,6 +816,14 @@ def make_parser() -> argparse.ArgumentParser:
     q.add_argument("--system", default=None, help="optional system message")
     q.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     q.add_argument("--url", default=None, help="gRPC host:port (default 127.0.0.1:<serving.grpc_port>)")
+    qg = q.add_argument_group("structured output (guided decoding: the ensemble's guided_decoding_guide_type / "
+                              "_guide inputs); exit status 1 when the answer does not satisfy it")
+    qx = qg.add_mutually_exclusive_group()
+    qx.add_argument("--json-schema", type=Path, default=None, metavar="FILE",
+                    help="constrain the answer to this JSON Schema (a JSON file); the answer is checked against it "
+                         "with jsonschema when installed")
+    qx.add_argument("--regex", default=None, metavar="PATTERN",
+                    help="constrain the answer to this regular expression (checked with Python's re.fullmatch)")
     q.set_defaults(func=cmd_query)
 
     s = sub.add_parser("schema", help="print the JSON Schema of build files (for editor completion)")
