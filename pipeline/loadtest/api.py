@@ -41,6 +41,12 @@ def check_tensors(inputs: list[str], outputs: list[str], cfg: LoadTestConfig) ->
                  "use --ignore-eos (end_id set to an id that is never generated)")
     if cfg.fixed_output == "ignore_eos" and "end_id" not in inputs:
         p.append(f"--ignore-eos: model '{cfg.model}' has no end_id input")
+    if cfg.response_format is not None and not cfg.check_only and "guided_decoding_guide_type" not in inputs:
+        p.append(f"--response-format: model '{cfg.model}' has no guided_decoding_guide_type input (guided "
+                 "decoding): rebuild the repository with this trtpipe")
+    if cfg.response_format is not None and "text_output" not in outputs:
+        p.append(f"--response-format: model '{cfg.model}' has no text_output output to check the answers with: "
+                 "point --model at the ensemble")
     return p
 
 
@@ -94,10 +100,16 @@ def check_openai(cfg: LoadTestConfig) -> dict:
     return {"name": cfg.model, "models": ids, "inputs": [], "outputs": []}
 
 
-def _inputs(cfg: LoadTestConfig, meta: dict, vocab_size: int | None) -> dict:
-    inputs: dict = {}
-    if cfg.endpoint != "triton":  # only the output-length fix crosses the OpenAI API (as ignore_eos)
-        return {"end_id": 0} if cfg.fixed_output == "ignore_eos" else {}
+def _inputs(cfg: LoadTestConfig, meta: dict, vocab_size: int | None, constraint=None) -> dict:
+    inputs: dict = {"collect_text": True} if constraint is not None else {}
+    if cfg.endpoint != "triton":  # the output-length fix (as ignore_eos) and the constraint cross the OpenAI API
+        if cfg.fixed_output == "ignore_eos":
+            inputs["end_id"] = 0
+        if constraint is not None and not cfg.check_only:
+            inputs["openai_fields"] = constraint.openai_fields()
+        return inputs
+    if constraint is not None and not cfg.check_only:
+        inputs.update(constraint.triton_inputs())
     if cfg.perf_metrics and "return_perf_metrics" in meta["inputs"]:
         inputs["return_perf_metrics"] = True
     if cfg.fixed_output == "min_tokens":
@@ -112,8 +124,9 @@ def _split(items: list, n: int) -> list[list]:
     return [items[k::n] for k in range(n)]
 
 
-def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict) -> dict:
-    """One sweep point: build its requests, send them, summarise, judge validity."""
+def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict, constraint=None) -> dict:
+    """One sweep point: build its requests, send them, summarise, judge validity (and, with a structured-output
+    ``constraint``, check every answer)."""
     n = cfg.num_requests
     seed = cfg.seed + 1000 * k
     if cfg.dataset is not None:
@@ -139,6 +152,8 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict)
     records = [r for res in results for r in res.records]
     records.sort(key=lambda r: (not r.warmup, r.index))
     summary = summarize(records, cfg.slo, open_loop=point["mode"] == "open")
+    if constraint is not None:
+        summary["structured"] = check_answers(records, constraint, sent=not cfg.check_only)
     t0 = min((r.scheduled for r in records if not r.warmup), default=0.0)
     for res in results:  # server unix-ns timings -> seconds from t0 on this client's clock
         for r in res.records:
@@ -150,6 +165,34 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict)
             "validity": validity(cfg, point, summary, client), "client": client,
             "server_metrics": sampler.report(t0), "t0_mono": t0,
             "requests": [r.as_dict(t0) for r in records]}
+
+
+def check_answers(records, constraint, sent: bool = True) -> dict:
+    """Check each completed measured answer against ``constraint`` (pipeline.structured.check_answer; the verdict
+    goes on the record) and count them: valid, and the failures by cause. ``sent``: whether the requests carried
+    the constraint (False: a --check-only baseline). An answer counts as cut when the server says ``length``
+    (OpenAI) or it has max_tokens tokens (Triton)."""
+    from pipeline.structured import Tally, check_answer
+
+    tally = Tally()
+    calls = 0
+    for r in records:
+        if r.warmup or not r.ok:
+            continue
+        cut = r.finish_reason == "length" if r.finish_reason else (
+            r.requested_tokens > 0 and r.output_tokens >= r.requested_tokens)
+        v = check_answer(constraint, r.text or "", tool_calls=r.tool_calls, cut=cut)
+        r.check = v.as_dict()
+        calls += len(r.tool_calls or [])
+        tally.add(v)
+    out = {**constraint.describe(), "sent": sent, **tally.as_dict()}
+    if constraint.kind == "tools":
+        out["tool_calls_parsed"] = calls
+        out["answers_with_a_call"] = sum(1 for r in records if not r.warmup and r.ok and r.tool_calls)
+        if constraint.tool_choice != "auto":
+            out["note"] = ("a forced call streams as one event at the end (the frontend keeps the JSON until it "
+                           "is whole), so TTFT here is the whole answer's time")
+    return out
 
 
 def validity(cfg: LoadTestConfig, point: dict, summary: dict, client: list[dict]) -> dict:
@@ -179,8 +222,9 @@ def validity(cfg: LoadTestConfig, point: dict, summary: dict, client: list[dict]
     req = summary.get("requests", {})
     if req.get("sent") and not req.get("completed"):
         kinds = req.get("errors_by_kind") or {}
-        reasons.append(f"every request failed ({', '.join(f'{k}: {n}' for k, n in kinds.items()) or 'no answer'}): "
-                       "nothing of the server was measured; see the requests' errors in report.json")
+        first = f"; the first: {summary['first_error']}" if summary.get("first_error") else ""
+        reasons.append(f"every request failed ({', '.join(f'{k}: {n}' for k, n in kinds.items()) or 'no answer'}"
+                       f"{first}): nothing of the server was measured; see the requests' errors in report.json")
     lost = sum(n for kind, n in (req.get("errors_by_kind") or {}).items() if kind in CONNECTION_KINDS)
     if lost:
         reasons.append(f"server unreachable: {lost} of {req.get('measured', req.get('sent'))} requests failed with "
@@ -206,18 +250,21 @@ def run_loadtest(cfg: LoadTestConfig, *, manifest: dict | None = None) -> dict:
         raise LoadTestError("bad load-test arguments:\n  - " + "\n  - ".join(problems))
     if cfg.dataset is not None:  # every bad line, before the server is asked anything
         read_jsonl(cfg.dataset)
+    constraint = cfg.constraint()
     meta = check_server(cfg) if cfg.endpoint == "triton" else check_openai(cfg)
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
-    inputs = _inputs(cfg, meta, getattr(tokenizer, "vocab_size", None))
+    inputs = _inputs(cfg, meta, getattr(tokenizer, "vocab_size", None), constraint)
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t = time.monotonic()
-    points = [run_point(cfg, pt, k, tokenizer, inputs) for k, pt in enumerate(cfg.points())]
+    points = [run_point(cfg, pt, k, tokenizer, inputs, constraint) for k, pt in enumerate(cfg.points())]
     return {"tool": "trtpipe loadtest", "date": started, "wall_s": time.monotonic() - t,
             "host": {"platform": platform.platform(), "python": platform.python_version(),
                      "cpus": os.cpu_count()},
             "config": cfg.as_dict(), "server": {"url": cfg.url, "model": meta, "metrics_url": cfg.metrics_url},
             "tokenizer": tokenizer.name,
-            "request_inputs": inputs, "manifest": manifest, "points": points,
+            "request_inputs": {k: v for k, v in inputs.items() if k != "collect_text"},
+            "constraint": constraint.describe() if constraint is not None else None,
+            "manifest": manifest, "points": points,
             "verdict": verdict(cfg, points)}
 
 

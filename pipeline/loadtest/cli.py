@@ -69,6 +69,20 @@ def add_loadtest_parser(sub, add_build_args) -> None:
                                                              "request runs to max_tokens")
     g.add_argument("--no-perf-metrics", action="store_true", help="do not ask for server-side timings")
     g.add_argument("--seed", type=int, default=0)
+    g = r.add_argument_group("structured output (each answer is checked; the report counts the valid ones)")
+    g.add_argument("--response-format", default=None, metavar="json_object|json_schema:FILE",
+                   help="constrain every answer to a JSON object, or to the JSON Schema in FILE: OpenAI's "
+                        "response_format on the OpenAI endpoints, the ensemble's guided-decoding inputs on triton; "
+                        "answers are parsed (and validated with jsonschema when installed)")
+    g.add_argument("--tools", type=Path, default=None, metavar="FILE",
+                   help="openai-chat: send this OpenAI tools JSON list with every request; each answer's tool calls "
+                        "are parsed and their arguments validated against the function's parameters")
+    g.add_argument("--tool-choice", default=None, metavar="required|auto|NAME",
+                   help="with --tools: required (some call, forced by a schema), auto (the model decides; OpenAI's "
+                        "default, used when not given) or a function's NAME (that call, forced)")
+    g.add_argument("--check-only", action="store_true",
+                   help="check the answers against --response-format without sending it: the unconstrained "
+                        "baseline of the same run, for `trtpipe loadtest compare`")
     g = r.add_argument_group("SLOs and validity")
     g.add_argument("--slo-ttft-ms", type=float, default=None)
     g.add_argument("--slo-tpot-ms", type=float, default=None)
@@ -124,7 +138,9 @@ def _config(args, url: str, metrics_url: str | None, tokenizer: Path | None):
         request_timeout_s=args.request_timeout, slo=SLO(ms(args.slo_ttft_ms), ms(args.slo_tpot_ms),
                                                        ms(args.slo_e2e_ms)),
         slo_attainment=args.slo_attainment, max_schedule_lag_s=args.max_schedule_lag_ms / 1e3,
-        ceiling_rps=load_ceiling(args.ceiling) if args.ceiling else None)
+        ceiling_rps=load_ceiling(args.ceiling) if args.ceiling else None,
+        response_format=args.response_format, tools=args.tools, tool_choice=args.tool_choice,
+        check_only=args.check_only)
 
 
 def cmd_run(args) -> int:
@@ -137,6 +153,15 @@ def cmd_run(args) -> int:
         from pipeline.loadtest.workload import read_jsonl
 
         read_jsonl(args.dataset)
+    from pipeline.loadtest.config import constraint_problems
+
+    fixed = "ignore_eos" if args.ignore_eos else args.fixed_output
+    problems = constraint_problems(args.endpoint, args.response_format, args.tools, args.tool_choice, fixed,
+                                   args.check_only)
+    if problems:  # the constraint's files read and checked before any server is started
+        from pipeline.loadtest.api import LoadTestError
+
+        raise LoadTestError("bad load-test arguments:\n  - " + "\n  - ".join(problems))
     with contextlib.ExitStack() as stack:
         repo, out_root, url, metrics_url = args.model_repo, None, args.url, args.metrics_url
         if url is None and repo is None:

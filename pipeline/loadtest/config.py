@@ -76,6 +76,28 @@ class LoadTestConfig:
     """a client process busier than this fraction of one core marks the run invalid."""
     ceiling_rps: float | None = None
     """requests/s the client sustained in its self-check; points above it are marked invalid."""
+    response_format: str | None = None
+    """constrain every answer: ``json_object`` or ``json_schema:FILE`` (OpenAI's response_format; on the Triton
+    endpoint the ensemble's guided-decoding inputs); each answer is checked (pipeline.structured) and the report
+    counts the valid ones. None: no constraint."""
+    tools: Path | None = None
+    """openai-chat: an OpenAI tools JSON list sent with every request; the tool calls of each answer are
+    checked against it."""
+    tool_choice: str | None = None
+    """with ``tools``: ``required``, ``auto`` (OpenAI's default, used when None) or a function's name."""
+    check_only: bool = False
+    """check answers against ``response_format`` without sending it: the unconstrained baseline of a constrained
+    run (same prompts, same client work), to compare with ``trtpipe loadtest compare``."""
+
+    def constraint(self):
+        """The pipeline.structured.Constraint this run sends or checks (None for none); raises ConstraintError."""
+        from pipeline.structured import response_format, tools_file
+
+        if self.tools is not None:
+            return tools_file(self.tools, self.tool_choice)
+        if self.response_format is not None:
+            return response_format(self.response_format)
+        return None
 
     def problems(self) -> list[str]:
         """Every broken rule at once."""
@@ -124,7 +146,8 @@ class LoadTestConfig:
             p.append("shared_prefixes with a dataset: the shared-prefix workload is synthetic; drop one")
         if self.dataset is not None and not Path(self.dataset).is_file():
             p.append(f"dataset = {self.dataset}: file not found")
-        return p
+        return p + constraint_problems(self.endpoint, self.response_format, self.tools, self.tool_choice,
+                                       self.fixed_output, self.check_only)
 
     def points(self) -> list[dict]:
         """The sweep: one load shape per point."""
@@ -134,6 +157,42 @@ class LoadTestConfig:
 
     def as_dict(self) -> dict:
         d = asdict(self)
-        for k in ("dataset", "tokenizer_dir"):
+        for k in ("dataset", "tokenizer_dir", "tools"):
             d[k] = str(d[k]) if d[k] is not None else None
         return d
+
+
+def constraint_problems(endpoint: str, response_format: str | None, tools, tool_choice: str | None,
+                        fixed_output: str = "none", check_only: bool = False) -> list[str]:
+    """What is wrong with a run's structured-output arguments, every problem at once (the files read and checked
+    as the server would check them: pipeline.structured). Called before any server is started."""
+    from pipeline.structured import ConstraintError, response_format as read_format, tools_file
+
+    p = []
+    if tool_choice is not None and tools is None:
+        p.append(f"tool_choice = {tool_choice!r} needs tools: give --tools FILE (an OpenAI tools JSON list)")
+    if tools is not None and endpoint != "openai-chat":
+        p.append(f"tools with endpoint {endpoint}: tool calling is a chat feature of the OpenAI API: use "
+                 "--endpoint openai-chat")
+    if tools is not None and response_format is not None:
+        p.append("response_format with tools: one constraint per run, whose answers the report counts (a forced "
+                 "tool call is constrained by the tools' own schema): drop one")
+    if check_only and response_format is None:
+        p.append("check_only needs response_format: give --response-format json_object or json_schema:FILE (what "
+                 "the answers are checked against)")
+    if check_only and tools is not None:
+        p.append("check_only with tools: an answer to a request without tools holds no tool calls to check; "
+                 "drop --check-only")
+    if (response_format is not None or tools is not None) and fixed_output != "none" and not check_only:
+        p.append(f"fixed_output = {fixed_output}: a constrained answer ends where its grammar is complete, so "
+                 "output lengths cannot be fixed (--ignore-eos / --fixed-output min_tokens would run the answer "
+                 "past its end); drop that flag, and fix max_tokens with --output-len")
+    for what, read in (("response_format", lambda: read_format(response_format)),
+                       ("tools", lambda: tools_file(tools, tool_choice))):
+        if (what == "tools" and tools is None) or (what == "response_format" and response_format is None):
+            continue
+        try:
+            read()
+        except ConstraintError as exc:
+            p.append(str(exc))
+    return p

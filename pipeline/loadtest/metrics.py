@@ -3,8 +3,8 @@
 
 Times are seconds on the client's monotonic clock. For each request:
 TTFT = first token-carrying response - request start; E2E = last response - request start;
-TPOT = (E2E - TTFT) / (output tokens - 1) when it produced more than one token; ITL = gaps
-between consecutive token-carrying responses, pooled over requests (labelled separately from
+TPOT = (E2E - TTFT) / (output tokens - 1) when it produced more than one token, in more than one response;
+ITL = gaps between consecutive token-carrying responses, pooled over requests (labelled separately from
 TPOT). "Request start" is the actual send; the ``*_sched`` variants start at the scheduled
 send time (open loop; coordinated omission) and ``schedule_lag`` is their difference.
 Output tokens come from the server's ``num_output_tokens``, never from re-tokenizing.
@@ -40,6 +40,14 @@ class RequestRecord:
     error_kind: str | None = None
     server: dict | None = None
     warmup: bool = False
+    text: str | None = None
+    """The answer's text, collected only when the run checks answers (a structured-output constraint)."""
+    tool_calls: list | None = None
+    """OpenAI chat: the answer's tool calls, merged from the stream's deltas (when the run sends tools)."""
+    finish_reason: str | None = None
+    """OpenAI: the finish_reason of the answer's last chunk (``length``: cut by max_tokens)."""
+    check: dict | None = None
+    """The answer checked against the run's constraint (pipeline.structured.Verdict.as_dict)."""
 
     @property
     def ok(self) -> bool:
@@ -64,8 +72,10 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float:
+        """NaN for one output token, and for an answer whose tokens all came in one response (a forced tool call
+        through the OpenAI frontend, sent whole at the end): its time per token is not observable."""
         n = self.output_tokens
-        return (self.e2e - self.ttft) / (n - 1) if self.ok and n > 1 else math.nan
+        return (self.e2e - self.ttft) / (n - 1) if self.ok and n > 1 and len(self.token_times) > 1 else math.nan
 
     @property
     def itl(self) -> list[float]:
@@ -186,6 +196,7 @@ def summarize(records: list[RequestRecord], slo: SLO = SLO(), open_loop: bool = 
     s = {
         "requests": {"measured": len(recs), "sent": len(sent), "completed": len(ok),
                      "failed": len(recs) - len(ok), "errors_by_kind": errors},
+        "first_error": next((r.error[:300] for r in recs if r.error), None),
         "duration_s": None if math.isnan(duration) else duration,
         "output_tokens": out_tokens,
         "output_token_throughput": per(out_tokens),

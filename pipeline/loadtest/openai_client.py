@@ -2,8 +2,10 @@
 (this project's frontend, trtllm-serve, vLLM, Dynamo's frontend).
 
 Requests stream (``stream: true`` with ``stream_options.include_usage``). Times: a response is each server-sent
-event that carries text; TTFT is the first, ITL the gaps between them (as vLLM's ``benchmark_serving.py`` and
-aiperf time chunks). Tokens: the final ``usage`` chunk's ``completion_tokens`` / ``prompt_tokens`` (the server's
+event that carries text (or tool calls); TTFT is the first, ITL the gaps between them (as vLLM's
+``benchmark_serving.py`` and aiperf time chunks). With a structured-output constraint the body carries it
+(``response_format``, ``tools`` / ``tool_choice``) and each answer's text, tool calls and finish reason are kept
+to be checked (pipeline.loadtest.api.check_answers). Tokens: the final ``usage`` chunk's ``completion_tokens`` / ``prompt_tokens`` (the server's
 counts), spread over the chunks (one each, the rest on the last); a server that sends no usage is counted one token
 per chunk and the record says so (``server["tokens_from"] = "chunks"``). A refused, reset or closed connection, and a
 stream that ends before ``data: [DONE]``, is a ``connection`` error (the server went away: the point is incomplete).
@@ -26,6 +28,7 @@ def openai_body(endpoint: str, model: str, rid: str, spec: RequestSpec, inputs: 
                   "stream_options": {"include_usage": True}}
     if "end_id" in inputs:
         body["ignore_eos"] = True
+    body.update(inputs.get("openai_fields") or {})  # the structured-output constraint (response_format, tools)
     if endpoint == "openai-chat":
         messages = ([{"role": "system", "content": spec.shared_prefix}] if spec.shared_prefix else [])
         body["messages"] = messages + [{"role": "user", "content": spec.prompt}]
@@ -49,8 +52,9 @@ def _kind(status: int, message: str) -> str:
 class OpenAIConnection:
     """One aiohttp session (keep-alive connections, no limit: the run's concurrency bounds the requests)."""
 
-    def __init__(self, base_url: str, chat: bool):
+    def __init__(self, base_url: str, chat: bool, collect_text: bool = False):
         self.base_url, self.chat = base_url.rstrip("/"), chat
+        self.collect_text = collect_text  # keep each answer's text and tool calls (to check them)
         self.session = None
         self.pending: dict[int, RequestRecord] = {}
 
@@ -67,6 +71,8 @@ class OpenAIConnection:
         self.pending[id(rec)] = rec
         rec.sent = time.monotonic()
         usage, finished = None, False
+        texts: list[str] = []
+        calls: list[dict] = []
         try:
             async with asyncio.timeout(timeout_s):
                 async with self.session.post(self.base_url + path, json=body) as resp:
@@ -96,16 +102,28 @@ class OpenAIConnection:
                         now = time.monotonic()
                         usage = obj.get("usage") or usage
                         for ch in obj.get("choices") or []:
-                            text = (ch.get("delta") or {}).get("content") if self.chat else ch.get("text")
+                            delta = ch.get("delta") or {}
+                            text = delta.get("content") if self.chat else ch.get("text")
+                            if ch.get("finish_reason"):
+                                rec.finish_reason = ch["finish_reason"]
+                            if delta.get("tool_calls"):  # an event that carries tokens, as text does
+                                calls.append(delta)
+                                rec.response_times.append(now)
+                                rec.response_tokens.append(1)
                             if text:
                                 rec.response_times.append(now)
                                 rec.response_tokens.append(1)
+                                if self.collect_text:
+                                    texts.append(text)
             if not finished:
                 rec.error = (f"the server closed the stream before data: [DONE] (after {len(rec.response_times)} "
                              "text events)")
                 rec.error_kind = "connection"
                 return rec
             rec.done = time.monotonic()
+            if self.collect_text:
+                rec.text = "".join(texts)
+                rec.tool_calls = merge_tool_calls(calls) if calls else None
             if not rec.response_times:
                 rec.response_times.append(rec.done)
                 rec.response_tokens.append(0)
@@ -128,6 +146,24 @@ class OpenAIConnection:
     async def close(self) -> None:
         if self.session is not None:
             await self.session.close()
+
+
+def merge_tool_calls(deltas: list[dict]) -> list[dict]:
+    """The OpenAI ``tool_calls`` a stream's deltas add up to, in index order: each call's id, type and name from
+    the part that opens it, its arguments joined over the parts (a part with a new index opens a call; one with no
+    index continues the last)."""
+    calls: dict[int, dict] = {}
+    last = 0
+    for delta in deltas:
+        for part in delta.get("tool_calls") or []:
+            i = part.get("index", last)
+            last = i
+            fn = part.get("function") or {}
+            call = calls.setdefault(i, {"id": None, "type": "function", "function": {"name": None, "arguments": ""}})
+            call["id"] = part.get("id") or call["id"]
+            call["function"]["name"] = fn.get("name") or call["function"]["name"]
+            call["function"]["arguments"] += fn.get("arguments") or ""
+    return [calls[i] for i in sorted(calls)]
 
 
 def _apply_usage(rec: RequestRecord, usage: dict | None) -> None:

@@ -28,6 +28,9 @@ CSV_FIELDS = (
     ("kv_cache_reuse_fraction", lambda p: p["summary"].get("server_side", {}).get("kv_cache", {}).get("reuse_fraction")),
     ("acceptance_rate", lambda p: p["summary"].get("server_side", {}).get("speculative", {}).get("acceptance_rate")),
     ("achieved_exact_fraction", lambda p: p["summary"]["achieved_lengths"].get("exact_fraction")),
+    ("answers_checked", lambda p: p["summary"]["structured"]["checked"]),
+    ("answers_valid", lambda p: p["summary"]["structured"]["valid"]),
+    ("answers_valid_fraction", lambda p: p["summary"]["structured"]["valid_fraction"]),
 )
 
 
@@ -72,10 +75,13 @@ def load(path: Path) -> dict:
 
 def format_summary(report: dict) -> str:
     """A table of the main figures per point, with validity."""
+    checked = any("structured" in p["summary"] for p in report["points"])
     rows = [("load", "req/s", "out tok/s", "steady tok/s", "TTFT p50/p99 ms", "TPOT p50 ms", "ITL p50 ms",
-             "E2E p50/p99 s", "goodput", "errors", "valid")]
+             "E2E p50/p99 s", "goodput", "errors", "valid") + (("answers ok",) if checked else ())]
     for p in report["points"]:
         s = p["summary"]
+        st = s.get("structured")
+        answers = (f"{st['valid']}/{st['checked']}",) if st else (("-",) if checked else ())
         load_ = f"c={p['point']['concurrency']}" if p["point"]["mode"] == "closed" else f"r={p['point']['rate']:g}"
         rows.append((load_, _f(s["request_throughput"]), _f(s["output_token_throughput"], 1),
                      _f(s["steady_state"]["output_token_throughput"], 1),
@@ -84,8 +90,15 @@ def format_summary(report: dict) -> str:
                      _f(_ms(s["tpot_s"]["p50"]), 2), _f(_ms(s["itl_s_pooled"]["p50"]), 2),
                      f"{_f(s['e2e_s']['p50'], 3)}/{_f(s['e2e_s']['p99'], 3)}",
                      _f(s["goodput"]["fraction"], 2), str(s["requests"]["errors_by_kind"] or 0),
-                     "yes" if p["validity"]["valid"] else "NO"))
+                     "yes" if p["validity"]["valid"] else "NO") + answers)
     text = _table(rows)
+    for k, p in enumerate(report["points"]):
+        st = p["summary"].get("structured")
+        if st:
+            what = f"{st['kind']}" + (f" {st['source']}" if st.get("source") and st["kind"] != "json_object" else "")
+            fails = ", ".join(f"{c}: {n}" for c, n in st["failures_by_cause"].items()) or "none"
+            text += (f"\npoint {k}: answers {'checked against (not sent)' if not st['sent'] else 'constrained by'} "
+                     f"{what}, {st['validated_with']}: {st['valid']}/{st['checked']} valid; failures: {fails}")
     if report.get("tokenizer"):
         text += f"\ninput tokens counted by: {report['tokenizer']}"
     notes = [f"point {k}: INVALID: {r}" for k, p in enumerate(report["points"]) for r in p["validity"]["reasons"]]
@@ -120,7 +133,9 @@ def compare(a: dict, b: dict) -> str:
         label = ",".join(f"{x}={y}" for x, y in pa["point"].items() if x != "mode")
         if pa["point"] != pb["point"]:
             label += f" vs {','.join(f'{x}={y}' for x, y in pb['point'].items() if x != 'mode')}"
-        for key, name, sign in COMPARE:
+        extra_rows = (("structured.valid_fraction", "answers valid", 1),) \
+            if "structured" in pa["summary"] or "structured" in pb["summary"] else ()
+        for key, name, sign in COMPARE + extra_rows:
             va, vb = _get(pa["summary"], key), _get(pb["summary"], key)
             ratio = vb / va if va and vb is not None else None
             tag = "" if ratio is None or abs(ratio - 1) < 0.05 else (

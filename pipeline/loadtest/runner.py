@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tritonclient.utils import triton_to_np_dtype
+from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
 
 from pipeline.client import PERF_NAMES, build_inputs, stream_request
 from pipeline.loadtest.metrics import RequestRecord
@@ -45,7 +45,8 @@ class ProcPlan:
     duration_s: float = math.inf
     request_timeout_s: float = 300.0
     drain_timeout_s: float = 60.0
-    inputs: dict = field(default_factory=dict)  # end_id / min_tokens / return_perf_metrics
+    inputs: dict = field(default_factory=dict)  # end_id / min_tokens / return_perf_metrics / the guide inputs;
+    # collect_text: keep each answer's text (Triton: text_output asked for); openai_fields: OpenAI body fields
     warmup: list[RequestSpec] = field(default_factory=list)
     endpoint: str = "triton"  # or openai-chat / openai-completions (pipeline.loadtest.openai_client)
 
@@ -87,12 +88,15 @@ def build_request(model: str, rid: str, spec: RequestSpec, inputs: dict):
     """The ModelInferRequest proto for one request, with an empty final response asked for."""
     import tritonclient.grpc as grpcclient
 
-    extra = {k: v for k, v in inputs.items() if k not in ("end_id", "return_perf_metrics")}
+    extra = {k: v for k, v in inputs.items() if k not in ("end_id", "return_perf_metrics", "openai_fields",
+                                                         "collect_text")}
     if "min_tokens" in extra:
         extra["min_tokens"] = int(spec.max_tokens)
     ins = build_inputs(spec.text, spec.max_tokens, stream=True, end_id=inputs.get("end_id"),
                        perf_metrics=bool(inputs.get("return_perf_metrics")), extra=extra)
     outs = [grpcclient.InferRequestedOutput("num_output_tokens")]
+    if inputs.get("collect_text"):
+        outs.append(grpcclient.InferRequestedOutput("text_output"))
     if inputs.get("return_perf_metrics"):
         outs += [grpcclient.InferRequestedOutput(n) for n in PERF_NAMES]
     return stream_request(model, rid, ins, outs)
@@ -148,6 +152,9 @@ class Connection:
                     for i, out in enumerate(ir.outputs):
                         if out.name == "num_output_tokens":
                             n = int(np.frombuffer(ir.raw_output_contents[i], dtype="<i4").sum())
+                        elif out.name == "text_output":  # BYTES: whole characters (detokenized incrementally)
+                            rec.text = (rec.text or "") + b"".join(
+                                deserialize_bytes_tensor(ir.raw_output_contents[i])).decode("utf-8", "replace")
                         elif out.name in PERF_NAMES:  # INT32 counters, INT64 times, FP32 acceptance_rate
                             rec.server = rec.server or {}
                             rec.server[out.name] = np.frombuffer(ir.raw_output_contents[i], dtype=np.dtype(
@@ -209,7 +216,8 @@ def _connection(plan: ProcPlan):
         return Connection(plan.url)
     from pipeline.loadtest.openai_client import OpenAIConnection
 
-    return OpenAIConnection(plan.url, chat=plan.endpoint == "openai-chat")
+    return OpenAIConnection(plan.url, chat=plan.endpoint == "openai-chat",
+                            collect_text=bool(plan.inputs.get("collect_text")))
 
 
 def _payload(plan: ProcPlan, rid: str, spec: RequestSpec):
