@@ -70,3 +70,26 @@ if [ ! -f .dynamo/.installed ]; then
   touch .dynamo/.installed
 fi
 echo "[setup] done: $(.venv/bin/trtpipe --version)"
+
+# ---- Real OpenAI-API clients for the tests (appended block) -----------------------------------------------------
+# Clients no one here wrote, against the OpenAI frontend: tests/pipeline/test_lm_eval.py and test_openai_clients.py
+# run them as their own processes, each from its own venv, pinned by tests/clients/<venv>.txt:
+#   .lmeval/   lm-evaluation-harness 0.4.13 [api], no torch (its local-completions / local-chat-completions models
+#              need only a tokenizer); own venv: it pulls numpy 2 (pandas, datasets), the project pins numpy<2;
+#   .clients/  langchain-openai and litellm; own venv: litellm's botocore needs python-dateutil<3 (.venv has 4.0);
+#   .aiperf/   NVIDIA AIPerf 0.13.0; own venv: it pins huggingface_hub 1.x, rich 14, psutil 7.0, numpy 2.
+# A venv is rebuilt when its pin file changes (the copy in <venv>/.installed differs). Each venv ignores itself
+# (<venv>/.gitignore holds '*'). About 3 minutes and 2.5 GB the first time.
+client_venv() {  # client_venv DIR PINS
+  local dir=$1 pins=$2
+  if [ -f "$dir/.installed" ] && cmp -s "$pins" "$dir/.installed"; then return 0; fi
+  echo "[setup] installing $(grep -v '^#' "$pins" | tr -s '\n' ' ')into $dir/ (own venv)"
+  rm -rf "$dir"
+  "$PY" -m venv "$dir"
+  echo '*' > "$dir/.gitignore"
+  "$dir/bin/python" -m pip install -q -r "$pins"
+  cp "$pins" "$dir/.installed"
+}
+client_venv .lmeval tests/clients/lmeval.txt
+client_venv .clients tests/clients/clients.txt
+client_venv .aiperf tests/clients/aiperf.txt
