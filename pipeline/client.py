@@ -63,7 +63,7 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
 
     ``extra`` maps further optional ensemble inputs to scalars (dtype from the value: bool,
     int -> INT32 (``seed`` -> UINT64, as the ensemble declares it), float -> FP32, str -> BYTES (UTF-8; the
-    guided-decoding guide)).
+    guided-decoding guide), a list of str -> BYTES [1, n] (tensorrt_llm_bls's stop_strings)).
     """
     import tritonclient.grpc as grpcclient
 
@@ -86,6 +86,8 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
             inputs.append(tensor(name, np.array([[value]], dtype=bool), "BOOL"))
         elif isinstance(value, str):
             inputs.append(tensor(name, np.array([[value.encode("utf-8")]], dtype=object), "BYTES"))
+        elif isinstance(value, (list, tuple)):  # strings, one row: tensorrt_llm_bls's stop_strings
+            inputs.append(tensor(name, np.array([[str(v).encode("utf-8") for v in value]], dtype=object), "BYTES"))
         elif name == "seed":
             inputs.append(tensor(name, np.array([[value]], dtype=np.uint64), "UINT64"))
         elif isinstance(value, int):

@@ -7,11 +7,9 @@ guides are 400s naming the field, with the server serving afterwards."""
 from __future__ import annotations
 
 import json
-import queue
 import shutil
 
 import jsonschema
-import numpy as np
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -111,36 +109,15 @@ def test_the_openai_clients_parse_helper_gets_a_pydantic_model(client):
 def test_the_ensemble_takes_the_guided_decoding_inputs(default_server):
     """Upstream's Triton inputs (guided_decoding_guide_type / _guide) on the ensemble, as a Triton client sends
     them; a bad schema fails that request only."""
-    import tritonclient.grpc as grpcclient
+    from pipeline.client import RequestFailed, stream_generate
 
     def ask(guide_type, guide):
-        responses = queue.Queue()
-        c = grpcclient.InferenceServerClient(f"127.0.0.1:{default_server.cfg.grpc_port}")
-        c.start_stream(callback=lambda result, error: responses.put((result, error)))
-        inputs = []
-        for name, value, dtype in (("text_input", np.array([["Describe a person. JSON:".encode()]], dtype=object),
-                                    "BYTES"), ("max_tokens", np.array([[120]], dtype=np.int32), "INT32"),
-                                   ("stream", np.array([[True]]), "BOOL"),
-                                   ("guided_decoding_guide_type", np.array([[guide_type.encode()]], dtype=object),
-                                    "BYTES"),
-                                   ("guided_decoding_guide", np.array([[guide.encode()]], dtype=object), "BYTES")):
-            t = grpcclient.InferInput(name, list(value.shape), dtype)
-            t.set_data_from_numpy(value)
-            inputs.append(t)
-        c.async_stream_infer("ensemble", inputs, request_id="g", enable_empty_final_response=True)
-        text = []
+        extra = {"guided_decoding_guide_type": guide_type, "guided_decoding_guide": guide}
         try:
-            while True:
-                result, error = responses.get(timeout=120)
-                if error is not None:
-                    return error
-                out = result.as_numpy("text_output")
-                if out is not None and out.size:
-                    text.append(out.reshape(-1)[0].decode())
-                if result.get_response().parameters["triton_final_response"].bool_param:
-                    return "".join(text)
-        finally:
-            c.stop_stream()
+            return "".join(c.text for c in stream_generate(f"127.0.0.1:{default_server.cfg.grpc_port}",
+                                                           "Describe a person. JSON:", 120, extra=extra))
+        except RequestFailed as err:
+            return err
 
     jsonschema.validate(json.loads(ask("json_schema", json.dumps(PERSON))), PERSON)
     error = ask("json_schema", '{"type": "object", "properties": ')
