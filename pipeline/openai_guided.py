@@ -15,7 +15,7 @@ import json
 import re
 from typing import Any, NamedTuple, Optional
 
-from pipeline.openai_requests import APIError
+from pipeline.openai_errors import APIError
 
 GUIDE_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 """The request fields that ask for a guide (one at most)."""

@@ -28,6 +28,10 @@ from typing import Any, Literal, NamedTuple, Optional, Union
 from jinja2.exceptions import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from pipeline.openai_errors import APIError  # the other frontend modules import it from here too
+from pipeline.openai_guided import Guide, checked, guide_of
+from pipeline.openai_tools import template_messages, validate_tool_request, validate_tools
+
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 """OpenAI's documented default of ``max_tokens`` for ``/v1/completions``; chat defaults to what the context holds."""
 MAX_TOP_LOGPROBS = 20
@@ -61,18 +65,6 @@ class FrontendConfig:
     trust_remote_code: bool = False
     """Whether the tokenizer's own code may run (the repository's preprocessing ``trust_remote_code`` parameter:
     the build file's model.trust_remote_code)."""
-
-
-class APIError(Exception):
-    """An OpenAI-style error: HTTP ``status`` and the body's message, type, param and code."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: Optional[str] = None, code: Optional[str] = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 # ---- request bodies (the OpenAI fields this frontend reads; unknown fields are ignored, as OpenAI's are) ----
@@ -145,8 +137,6 @@ def chat_request(tok, raw: dict) -> tuple[ChatBody, str]:
     content part that is not text."""
     try:
         body = ChatBody.model_validate(raw)
-        from pipeline.openai_tools import template_messages, validate_tools
-
         messages = template_messages([_template_message(m) for m in body.messages])
         extra = body.model_extra or {}
         tools = validate_tools(extra["tools"]) if extra.get("tools") else None  # shown whatever tool_choice says
@@ -289,9 +279,6 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
     if body.logit_bias:
         raise APIError(400, "logit_bias is not supported by this server (the Triton models bias words, not token "
                             "ids: send embedding_bias_words to Triton directly)", param="logit_bias")
-    from pipeline.openai_guided import Guide, checked, guide_of
-    from pipeline.openai_tools import validate_tool_request
-
     extra_fields = body.model_extra or {}
     for key in ("functions", "function_call"):  # OpenAI's deprecated forms of tools / tool_choice
         if extra_fields.get(key):

@@ -39,7 +39,7 @@ import string
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple, Optional, Union
 
-from pipeline.openai_requests import APIError
+from pipeline.openai_errors import APIError
 
 # ---- the formats -----------------------------------------------------------------------------------------------
 
