@@ -42,13 +42,45 @@ def test_each_prompt_token_after_the_first_gets_its_log_probability_and_alternat
 
 
 def test_a_one_token_prompt_has_none_and_the_memo_scores_a_prompt_once(model, monkeypatch):
+    from types import SimpleNamespace
+
     assert log_probs.prompt_log_probs(model, PROMPT[:1], 2).as_tuple() == ([], [], [])
     calls = []
     real = log_probs.prompt_log_probs
     monkeypatch.setattr(log_probs, "prompt_log_probs", lambda *a: calls.append(a) or real(*a))
-    memo = log_probs.Memo()
-    first = memo.get(model, PROMPT, 2)
-    assert memo.get(model, list(PROMPT), 2) is first and len(calls) == 1  # the next sequence of the same request
-    memo.get(model, PROMPT, 3)
-    memo.get(model, PROMPT[:-1], 3)
+    manager = SimpleNamespace(model=model, _generation_step=lambda: None)
+    memo = log_probs.Memo(manager)
+    first = memo.get(PROMPT, 2)
+    assert memo.get(list(PROMPT), 2) is first and len(calls) == 1  # the next sequence of the same request
+    memo.get(PROMPT, 3)
+    memo.get(PROMPT[:-1], 3)
     assert len(calls) == 3
+
+
+def test_a_prompt_is_never_scored_during_a_generation_step(model):
+    """The manager's generation step and a prompt's forward pass share one lock (they gave wrong log probabilities
+    when they overlapped): while a step runs, scoring waits for it."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    in_step, release, order = threading.Event(), threading.Event(), []
+
+    def step():
+        in_step.set()
+        release.wait(30)
+        order.append("step done")
+
+    manager = SimpleNamespace(model=model, _generation_step=step)
+    memo = log_probs.Memo(manager)
+    loop = threading.Thread(target=manager._generation_step)  # the loop calls the wrapped step
+    loop.start()
+    assert in_step.wait(30)
+    scorer = threading.Thread(target=lambda: order.append(("scored", len(memo.get(PROMPT, 0).log_probs))))
+    scorer.start()
+    time.sleep(0.2)  # give the scorer a chance to run into the step (it must not)
+    assert order == []
+    release.set()
+    loop.join(30)
+    scorer.join(30)
+    assert order == ["step done", ("scored", len(PROMPT) - 1)]

@@ -45,7 +45,8 @@ def build_manager(engine_dir, settings, device, dtype_name):
     """The model on ``device`` in ``dtype_name`` and its continuous-batching manager (not started).
 
     Returns (manager, table, info): the sampling RequestTable the processors read (its ``grammars``: the
-    guided-decoding engine, trtpipe_runtime.grammar.Grammars), and
+    guided-decoding engine, trtpipe_runtime.grammar.Grammars; its ``prompts``: the prompt scorer, log_probs.Memo,
+    whose lock the manager's steps take), and
     {"default_end_ids", "pad_id", "vocab_size"} from the engine folder and "sdpa_backends" (the
     attention kernels torch may pick in this process, after settings["sdpa_backends"]).
 
@@ -83,6 +84,9 @@ def build_manager(engine_dir, settings, device, dtype_name):
     # Guided decoding: xgrammar over the engine folder's tokenizer, made on the first guided request.
     table.grammars = Grammars(engine_dir, int(model.config.vocab_size), end_ids)
     sampling.install(manager, table, table.grammars)
+    import log_probs  # beside this file, as sampling.py
+
+    table.prompts = log_probs.Memo(manager)  # before the loop starts: every step takes its lock
     return manager, table, {"default_end_ids": end_ids, "pad_id": pad_id,
                             "vocab_size": int(model.config.vocab_size), "sdpa_backends": sdpa}
 
@@ -125,7 +129,6 @@ class Worker:
         self.conn = conn
         self.send_lock = threading.Lock()
         self.live = {}  # rid -> [handle, tokens sent, perf]
-        self.prompts = None  # log_probs.Memo, made on the first request for prompt log probs
 
     def send(self, message):
         with self.send_lock:
@@ -200,11 +203,7 @@ class Worker:
 
     def score_prompt(self, ids, k):
         """The prompt's log probabilities (log_probs.py beside this file) as plain lists."""
-        if self.prompts is None:
-            import log_probs
-
-            self.prompts = log_probs.Memo()
-        return self.prompts.get(self.manager.model, ids, k).as_tuple()
+        return self.table.prompts.get(ids, k).as_tuple()
 
     def forget(self, rid):
         entry = self.live.pop(rid, None)

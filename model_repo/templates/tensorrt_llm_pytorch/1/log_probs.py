@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 CHUNK_ROWS = 512
@@ -73,13 +74,30 @@ def _cache_kwarg(model) -> str:
 
 class Memo:
     """The last prompt scored, kept for the next call with the same ids and k: the sequences of one request
-    (num_return_sequences) arrive one after another and share one forward pass."""
+    (num_return_sequences) arrive one after another and share one forward pass.
 
-    def __init__(self):
+    ``manager``: the transformers continuous-batching manager whose generation thread runs the same model. A
+    prompt's forward pass never overlaps one of its generation steps: the two share one lock, held around each step
+    (the manager's ``_generation_step``, wrapped here) and each scoring. Overlapping them gave wrong prompt log
+    probabilities (transformers 5.24, four concurrent echo requests: one in four scored, e.g., -12.64 where the
+    model gives -0.54; tests/pipeline/test_lm_eval.py's batched run)."""
+
+    def __init__(self, manager):
         self._key, self._value = None, None
+        self.manager = manager
+        self.lock = threading.Lock()
+        step = manager._generation_step
 
-    def get(self, model, ids, k: int) -> PromptLogProbs:
+        def locked_step():
+            with self.lock:
+                step()
+
+        manager._generation_step = locked_step
+
+    def get(self, ids, k: int) -> PromptLogProbs:
         key = (tuple(ids), int(k))
         if key != self._key:
-            self._key, self._value = key, prompt_log_probs(model, ids, k)
+            with self.lock:
+                value = prompt_log_probs(self.manager.model, ids, k)
+            self._key, self._value = key, value
         return self._value

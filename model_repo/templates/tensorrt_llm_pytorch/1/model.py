@@ -320,12 +320,8 @@ class TritonPythonModel(RequestParsing, Delivery):
         params = row["params"]
         if self.engine_process or not params.return_prompt_log_probs:
             return None
-        import log_probs
-
-        if getattr(self, "_prompts", None) is None:
-            self._prompts = log_probs.Memo()
         try:
-            return self._prompts.get(self.manager.model, row["ids"], params.num_top_logprobs).as_tuple()
+            return self.table.prompts.get(row["ids"], params.num_top_logprobs).as_tuple()
         except Exception as exc:
             raise RequestError(f"return_prompt_log_probs: scoring the prompt failed: {type(exc).__name__}: "
                                f"{exc}") from exc

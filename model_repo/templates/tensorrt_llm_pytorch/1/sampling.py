@@ -150,6 +150,7 @@ class RequestTable:
         self._lock = threading.Lock()
         self._entries: dict[int, Entry] = {}
         self._next = 0
+        self.prompts = None  # log_probs.Memo: the prompt scorer beside the manager's steps (engine_worker.py)
 
     def add(self, params: SamplingParams) -> int:
         seed = params.seed if params.seed is not None else random.getrandbits(63)
