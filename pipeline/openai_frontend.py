@@ -16,8 +16,10 @@ model's own (``tokenizer_config.json`` / ``chat_template.jinja``), applied here.
 
 Sampling follows OpenAI: temperature and top_p default to 1 (sampling); ``temperature: 0`` is greedy. ``logprobs``
 (chat: with ``top_logprobs``; completions: k, and ``echo``) as OpenAI answers them where the runtime returns them
-(pipeline.openai_logprobs). Not supported, answered with 400: tools / function calling, ``response_format`` other
-than text, several prompts in one completion request, ``suffix``.
+(pipeline.openai_logprobs). Structured output (``response_format``, vLLM's ``guided_*``) and ``tools`` become the
+models' guided-decoding inputs (pipeline.openai_guided, pipeline.openai_tools). Several prompts in one
+non-streamed completion request are answered as OpenAI's legacy endpoint does. What is refused, with a 400 naming
+the field, is listed in pipeline.openai_requests.
 
 This module is the command (:func:`main`, :func:`build_parser`) and hands on the names of its parts, one job
 each: :mod:`pipeline.openai_requests` (an OpenAI body -> prompt, max_tokens, stop, Triton inputs; the bodies,

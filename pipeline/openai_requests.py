@@ -14,8 +14,10 @@ the prompt alone (the runtime generates one token, which is dropped and not coun
 returns them (the Triton model declares num_top_logprobs: the portable ``pytorch`` runtime); elsewhere a 400 names
 the parameter. Structured output (``response_format``, vLLM's ``guided_*``: pipeline.openai_guided) and tools
 (pipeline.openai_tools) become the Triton models' guided-decoding inputs. Not supported, answered with 400:
-``logit_bias``, the deprecated ``functions`` / ``function_call``, several prompts in one completion request,
-``suffix``. A completion prompt may be token ids (decoded here; the Triton models take text).
+``logit_bias``, the deprecated ``functions`` / ``function_call``, ``suffix``, and several prompts in one
+streamed completion request. A completion prompt may be token ids (decoded here; the Triton models take text);
+several prompts in one non-streamed request are answered as OpenAI's legacy endpoint answers them (choice
+``index`` = prompt x ``n`` + choice, usage summed), at most :data:`MAX_PROMPTS`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 MAX_TOP_LOGPROBS = 20
 """The most alternatives per token: chat's ``top_logprobs`` (OpenAI's limit) and completions' ``logprobs`` (vLLM's;
 OpenAI's legacy completions allow 5); the runtime's num_top_logprobs limit (trtpipe_runtime.decoding)."""
+MAX_PROMPTS = 256
+"""The most prompts in one ``/v1/completions`` request (each is one request to Triton, sent at once; vLLM sets no
+limit, lm-evaluation-harness sends ``--batch_size`` of them)."""
 LOG_PROB_INPUT = "num_top_logprobs"
 """The Triton input a model must declare for this frontend to ask it for log probabilities (the log-prob tensors
 of model_repo.generate: the portable runtime's repository has them)."""
@@ -115,6 +120,11 @@ class CompletionBody(_Body):
     logprobs: Optional[StrictInt] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     suffix: Optional[str] = None
 
+    def prompts(self) -> list:
+        """The prompts as sent, one item each: a string or a list of token ids (``[]`` is one empty prompt)."""
+        p = self.prompt
+        return list(p) if isinstance(p, list) and p and not isinstance(p[0], int) else [p]
+
 
 # ---- body -> prompt --------------------------------------------------------------------------------------------
 
@@ -161,31 +171,34 @@ def _template_message(m: _Message) -> dict:
     return out
 
 
-def completion_request(tok, raw: dict, add_special_tokens: bool = False) -> tuple[CompletionBody, str]:
-    """A completion body and its prompt: one string, or one list of token ids decoded with the model's tokenizer
-    ``tok`` (a list of exactly one prompt is that prompt; with ``add_special_tokens``, as the preprocessing model
-    tokenizes, a leading BOS id is left for it to add). APIError 400 on a body that does not validate, several
-    prompts, ids outside the vocabulary or that the tokenizer would not give back from their text (the Triton
-    models take text, so such ids cannot be served as sent), ``max_tokens: 0`` without ``echo``, or ``suffix``."""
+def completion_request(tok, raw: dict, add_special_tokens: bool = False) -> tuple[CompletionBody, list[str]]:
+    """A completion body and its prompts: one string or list of token ids, or a list of several (OpenAI's spec
+    allows ``str``, ``[str]``, ``[int]`` and ``[[int]]``); token ids are decoded with the model's tokenizer ``tok``
+    (with ``add_special_tokens``, as the preprocessing model tokenizes, a leading BOS id is left for it to add).
+    APIError 400 on a body that does not validate, more than :data:`MAX_PROMPTS` prompts, several prompts with
+    ``stream: true``, ids outside the vocabulary or that the tokenizer would not give back from their text (the
+    Triton models take text, so such ids cannot be served as sent), ``max_tokens: 0`` without ``echo``, or
+    ``suffix``."""
     try:
         body = CompletionBody.model_validate(raw)
     except ValidationError as exc:
         raise _validation_error(exc) from None
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
-        if len(prompt) != 1:
-            raise APIError(400, f"prompt: {len(prompt)} prompts in one request: send one prompt per request",
-                           param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        bos = getattr(tok, "bos_token_id", None)
-        prompt = _ids_prompt(tok, prompt[1:] if add_special_tokens and prompt[:1] == [bos] else prompt)
+    sent = body.prompts()
+    if len(sent) > MAX_PROMPTS:
+        raise APIError(400, f"prompt: {len(sent)} prompts in one request: at most {MAX_PROMPTS}: split them across "
+                            "requests", param="prompt")
+    if len(sent) > 1 and body.stream:
+        raise APIError(400, f"prompt: {len(sent)} prompts with stream: true: this server streams one prompt per "
+                            "request: send stream: false, or one request per prompt", param="prompt")
+    bos = getattr(tok, "bos_token_id", None)
+    prompts = [p if isinstance(p, str) else
+               _ids_prompt(tok, p[1:] if add_special_tokens and p[:1] == [bos] else p) for p in sent]
     if body.suffix:
         raise APIError(400, "suffix is not supported by this server", param="suffix")
     if body.max_tokens == 0 and not body.echo:
         raise APIError(400, "max_tokens: 0 generates nothing: send at least 1, or echo: true to score the prompt "
                             "alone", param="max_tokens")
-    return body, prompt
+    return body, prompts
 
 
 def _ids_prompt(tok, ids: list[int]) -> str:
@@ -267,8 +280,11 @@ class Prepared(NamedTuple):
     ``tool_choice: "none"``."""
 
 
-def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool) -> Prepared:
+def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool, sent: Any = None) -> Prepared:
     """Check the body against the model and the limits; return prompt tokens, max_tokens, stop, inputs.
+
+    ``prompt``: the text to send (chat: the rendered conversation; completions: one of completion_request's
+    prompts); ``sent``: that completion prompt as the client sent it (text or token ids; None: ``prompt``).
 
     ``tok``: the model's tokenizer (counts the prompt; ``len(tok)`` is the id ``ignore_eos`` stops at). APIError
     404 for another model, 400 for what is not supported or does not fit (``code`` ``context_length_exceeded``
@@ -353,7 +369,7 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool)
         if echo:
             extra["return_prompt_log_probs"] = True
     return Prepared(n_prompt, max_tokens, stop, extra, body.n if body.n > 1 and greedy else 1, logprobs=logprobs,
-                    echo=echo, prompt_ids=tuple(prompt_ids), echo_from=_echo_from(tok, body, prompt_ids) if echo else 0,
+                    echo=echo, prompt_ids=tuple(prompt_ids), echo_from=_echo_from(tok, prompt if sent is None else sent, prompt_ids) if echo else 0,
                     generate=generate, guide=guide, tools=plan)
 
 
@@ -369,10 +385,9 @@ def _logprobs_asked(body: _Body, chat: bool) -> Optional[int]:
     return (body.top_logprobs or 0) if body.logprobs else None
 
 
-def _echo_from(tok: Any, body: _Body, prompt_ids: list[int]) -> int:
-    """1 when the prompt came as token ids without the BOS that tokenizing its text adds (the echo then starts at
-    the client's first token, which the model scored after that BOS), else 0."""
-    sent = body.prompt[0] if body.prompt and isinstance(body.prompt[0], list) else body.prompt
+def _echo_from(tok: Any, sent: Any, prompt_ids: list[int]) -> int:
+    """1 when the prompt ``sent`` came as token ids without the BOS that tokenizing its text adds (the echo then
+    starts at the client's first token, which the model scored after that BOS), else 0."""
     if isinstance(sent, list) and sent and isinstance(sent[0], int) and len(prompt_ids) == len(sent) + 1 \
             and prompt_ids[0] == getattr(tok, "bos_token_id", None) and list(prompt_ids[1:]) == list(sent):
         return 1

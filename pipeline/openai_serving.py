@@ -148,13 +148,20 @@ class Serving:
         endpoint = CHAT if chat else COMPLETIONS
         try:
             raw = await read_json(request)
-            body, prompt = (chat_request(self.tok, raw) if chat
-                            else completion_request(self.tok, raw, self.cfg.add_special_tokens))
-            asked = prepare(self.cfg, self.tok, body, prompt, chat)
-            if asked.logprobs is not None:
+            if chat:
+                body, prompt = chat_request(self.tok, raw)
+                jobs = [(prompt, prepare(self.cfg, self.tok, body, prompt, True))]
+            else:
+                body, prompts = completion_request(self.tok, raw, self.cfg.add_special_tokens)
+                jobs = [(p, prepare(self.cfg, self.tok, body, p, False, sent))
+                        for p, sent in zip(prompts, body.prompts())]
+            if jobs[0][1].logprobs is not None:
                 await self._check_logprobs(chat)
         except APIError as err:
             return self.error(endpoint, err)
+        if len(jobs) > 1:
+            return await self._several(request, endpoint, body, jobs)
+        prompt, asked = jobs[0]
         life = self._life(request, endpoint, body, prompt, asked, chat)
         response = await life.__anext__()
         if response is _EVENTS:
@@ -162,6 +169,25 @@ class Serving:
                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         await life.aclose()
         return response
+
+    async def _several(self, request, endpoint: str, body: _Body, jobs: list) -> Union[dict, JSONResponse]:
+        """A non-streamed completion of several prompts (``jobs``: each prompt and its Prepared): each sent to Triton
+        at once as a request of its own, the answers joined as OpenAI's legacy endpoint joins them: prompt p's
+        choice j has ``index`` p x n + j, one id, usage summed. The first failed prompt's error (in prompt order)
+        is the answer; ``/metrics`` counts each prompt as a request."""
+        lives = [self._life(request, endpoint, body, prompt, asked, False) for prompt, asked in jobs]
+        try:
+            answers = await asyncio.gather(*(life.__anext__() for life in lives))
+        finally:
+            for life in lives:
+                await life.aclose()
+        failed = next((a for a in answers if not isinstance(a, dict)), None)
+        if failed is not None:
+            return failed
+        choices = [dict(c, index=p * body.n + c["index"]) for p, a in enumerate(answers) for c in a["choices"]]
+        return {**answers[0], "choices": choices,
+                "usage": _usage(sum(a["usage"]["prompt_tokens"] for a in answers),
+                                sum(a["usage"]["completion_tokens"] for a in answers))}
 
     async def _check_logprobs(self, chat: bool) -> None:
         """APIError 400 naming ``logprobs`` when the Triton model says it has no log-prob inputs (a runtime that does

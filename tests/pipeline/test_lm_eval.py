@@ -139,17 +139,18 @@ def test_loglikelihood_task_scores_what_transformers_scores(frontend, built_defa
 
 def test_loglikelihood_task_with_batched_token_id_prompts(frontend, built_default, mc_reference, tmp_path):
     """lm_eval's ``--batch_size 4`` sends four token-id prompts in one completion request, as OpenAI's legacy API
-    and vLLM take them. The frontend takes one prompt per request and answers a list of several with a 400 naming
-    it, so this is an expected failure until it does; then the scores must be the reference's."""
-    results, samples, log = run_lm_eval(tmp_path, "local-completions", "completions", frontend.launch.url,
-                                        built_default / "engine", "trtpipe_mc", "--batch_size", "4",
-                                        may_fail=True, tokenized_requests=True)
-    if not results:
-        assert "prompts in one request: send one prompt per request" in log, log[-3000:]
-        pytest.xfail("several prompts in one /v1/completions request are refused (400): lm_eval --batch_size > 1")
+    and vLLM take them, and reads each choice by its ``index``: the scores are the reference's, item by item."""
+    results, samples, _ = run_lm_eval(tmp_path, "local-completions", "completions", frontend.launch.url,
+                                      built_default / "engine", "trtpipe_mc", "--batch_size", "4",
+                                      tokenized_requests=True)
+    samples = sorted(samples, key=lambda s: s["doc_id"])  # logged in the order lm_eval batched them
+    assert [s["doc_id"] for s in samples] == list(range(len(mc_reference)))
     for s, ref in zip(samples, mc_reference):
-        served = [float(ll) for ll, _ in s["filtered_resps"]]
-        assert served == pytest.approx([ll for ll, _ in ref["choices"]], abs=1e-3)
+        served = [(float(ll), flag in (True, "True")) for ll, flag in s["filtered_resps"]]
+        assert [ll for ll, _ in served] == pytest.approx([ll for ll, _ in ref["choices"]], abs=1e-3)
+        assert [g for _, g in served] == [g for _, g in ref["choices"]]
+    task = results["results"]["trtpipe_mc"]
+    assert task["acc,none"] == pytest.approx(sum(r["acc"] for r in mc_reference) / len(mc_reference), abs=1e-12)
 
 
 def test_generate_until_task_through_chat_answers_what_transformers_answers(frontend, built_default, hf, tmp_path):

@@ -152,8 +152,29 @@ def test_a_token_id_prompt_is_answered_as_its_text(client, built_default):
 
     with pytest.raises(openai.BadRequestError, match="vocabulary"):
         client.completions.create(model=MODEL, prompt=[len(tok) + 5], max_tokens=4)
-    with pytest.raises(openai.BadRequestError, match="one prompt per request"):
-        client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match="streams one prompt per request"):
+        client.completions.create(model=MODEL, prompt=[ids, ids], max_tokens=4, stream=True)
+
+
+def test_several_prompts_in_one_completion_are_answered_as_openai_does(client, built_default):
+    """A list of prompts (text or token ids; lm-evaluation-harness's --batch_size) is answered as OpenAI's legacy
+    endpoint does: prompt p's choice j has index p x n + j, each choice what the prompt alone gets, usage summed;
+    one bad prompt fails the request, naming it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(built_default / "engine"), local_files_only=True)
+    texts = ["The capital of France is", "日本の首都は", "Once upon a time"]
+    alone = [client.completions.create(model=MODEL, prompt=t, max_tokens=6, temperature=0) for t in texts]
+    for prompts in (texts, [tok.encode(t, add_special_tokens=False) for t in texts]):
+        r = client.completions.create(model=MODEL, prompt=prompts, max_tokens=6, temperature=0, n=2)
+        assert [c.index for c in r.choices] == list(range(6))
+        assert [c.text for c in r.choices] == [a.choices[0].text for a in alone for _ in range(2)]
+        assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+        assert r.usage.completion_tokens == 2 * sum(a.usage.completion_tokens for a in alone)
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="vocabulary"):
+        client.completions.create(model=MODEL, prompt=[tok.encode(texts[0]), [len(tok) + 5]], max_tokens=4)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -96,8 +96,8 @@ def test_request_fields_map_onto_the_runtime_inputs(tok):
     assert p.logprobs == 0 and "num_top_logprobs" not in p.extra
     body, prompt = chat_request(tok, chat)
     assert prepare(cfg, tok, body, prompt, True).logprobs is None
-    body, prompt = completion_request(tok, {"model": MODEL, "prompt": "Hi there", "max_tokens": 0, "echo": True,
-                                            "logprobs": 1})
+    body, [prompt] = completion_request(tok, {"model": MODEL, "prompt": "Hi there", "max_tokens": 0, "echo": True,
+                                              "logprobs": 1})
     p = prepare(cfg, tok, body, prompt, False)
     assert (p.logprobs, p.echo, p.generate, p.max_tokens) == (1, True, False, 1)  # one token, dropped
     assert p.extra["return_prompt_log_probs"] and list(p.prompt_ids) == tok.encode("Hi there")
@@ -145,12 +145,11 @@ def test_an_id_prompt_without_the_bos_the_tokenizer_adds_is_echoed_as_sent():
 
     llama3 = SimpleNamespace(bos_token_id=128000)  # a tokenizer that adds BOS (SmolLM2's adds none)
     ids = [791, 6864, 315]
-    body = CompletionBody.model_validate({"model": MODEL, "prompt": [ids], "echo": True})
-    assert _echo_from(llama3, body, [128000] + ids) == 1
-    assert _echo_from(llama3, body, ids) == 0
-    assert _echo_from(llama3, CompletionBody.model_validate({"model": MODEL, "prompt": [128000] + ids}),
-                      [128000] + ids) == 0  # the client sent the BOS itself
-    assert _echo_from(llama3, CompletionBody.model_validate({"model": MODEL, "prompt": "Hi there"}), [128000] + ids) == 0
+    [sent] = CompletionBody.model_validate({"model": MODEL, "prompt": [ids], "echo": True}).prompts()
+    assert _echo_from(llama3, sent, [128000] + ids) == 1
+    assert _echo_from(llama3, sent, ids) == 0
+    assert _echo_from(llama3, [128000] + ids, [128000] + ids) == 0  # the client sent the BOS itself
+    assert _echo_from(llama3, "Hi there", [128000] + ids) == 0
 
 
 class LogprobTriton:
