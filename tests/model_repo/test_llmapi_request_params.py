@@ -6,12 +6,15 @@ model), tested directly. The names it emits are SamplingParams fields of tensorr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import re
 import shutil
 import sys
 import types
 
+import numpy as np
 import pytest
 
 from model_repo.generate import PASS_OUTPUTS, TEMPLATES, plan_repository, write_python_model, write_repository
@@ -127,12 +130,6 @@ def test_request_output_len_must_be_positive():
 class _Logprob:
     def __init__(self, logprob):
         self.logprob = logprob
-
-
-def test_sampled_log_probs_from_either_logprobs_layout():
-    assert rp.sampled_log_probs([-0.5, -1.0], [3, 4]) == [-0.5, -1.0]
-    entries = [{3: _Logprob(-0.25), 8: _Logprob(-2.0)}, {4: -0.75}]
-    assert rp.sampled_log_probs(entries, [3, 4, 5]) == [-0.25, -0.75, 0.0]
 
 
 def test_llmapi_repository_carries_the_mapping_and_its_model_compiles(tmp_path):
@@ -415,16 +412,127 @@ def test_a_guide_maps_onto_guided_decoding_params():
         opts(guided_decoding_guide_type="structural_tag", guided_decoding_guide="{}")
 
 
-def test_top_log_probs_and_prompt_log_probs_are_refused_by_name():
-    """The portable runtime's num_top_logprobs and return_prompt_log_probs are not mapped onto the LLM API: refused
-    with the input, the value and the way out; 0 / false are what nothing sent means."""
-    with pytest.raises(rp.RequestOptionError, match=r"num_top_logprobs = 3: not supported by the trtllm-llmapi "
-                                                    r"runtime .*send 0, or serve the build with runtime pytorch"):
-        opts(return_log_probs=True, num_top_logprobs=3)
-    with pytest.raises(rp.RequestOptionError, match=r"return_prompt_log_probs = true: not supported .*runtime "
+LOGPROB_FACTS = json.loads((REPO / "tests/facts/trtllm_1_2_1/log_probs.json").read_text())["llm_api"]
+LOGPROB_FACTS_14 = json.loads((REPO / "tests/facts/trtllm_1_4/log_probs.json").read_text())["llm_api"]
+MAPPING = LOGPROB_FACTS["request_mapping"]
+
+
+def test_log_prob_inputs_map_onto_the_recorded_sampling_params_field():
+    """num_top_logprobs k -> logprobs=k and return_log_probs alone -> logprobs=1, the field and values the facts
+    record for 1.2.1 (llm_api.request_mapping); a field name of SamplingParams (FIELDS)."""
+    field_name = MAPPING["num_top_logprobs"]["sampling_params_field"]
+    assert field_name == MAPPING["return_log_probs"]["sampling_params_field"] == rp.LOGPROBS_FIELD
+    assert field_name in LOGPROB_FACTS["SamplingParams"] and field_name in FIELDS
+    assert MAPPING["num_top_logprobs"]["value"] == "k"
+    o = opts(num_top_logprobs=3)
+    assert o.sampling[field_name] == 3 and (o.num_top_logprobs, o.return_log_probs) == (3, False)
+    o = opts(return_log_probs=True, num_top_logprobs=5, temperature=1.0, runtime_top_p=1.0)
+    assert o.sampling[field_name] == 5 and o.return_log_probs and o.num_top_logprobs == 5
+    assert opts(return_log_probs=True).sampling[field_name] == MAPPING["return_log_probs"]["value"] == 1
+    assert field_name not in opts().sampling and field_name not in opts(num_top_logprobs=0).sampling
+
+
+def test_prompt_log_probs_and_beam_alternatives_are_refused_with_the_recorded_fact():
+    """return_prompt_log_probs: 1.2.1's prompt_logprobs holds the prompt token only when it is among the k most
+    likely (llm_api.torch_sampler.prompt_logprobs); num_top_logprobs under beam search: refused upstream."""
+    assert MAPPING["return_prompt_log_probs"]["served"] is False
+    with pytest.raises(rp.RequestOptionError, match=r"return_prompt_log_probs = true: not served by the trtllm-llmapi "
+                                                    r"runtime .*prompt's own token only when it is among them.*runtime "
                                                     r"pytorch"):
         opts(return_prompt_log_probs=True)
+    error = LOGPROB_FACTS["torch_sampler"]["beam_search"]["error"]
+    upstream = re.search(r"'([^']+)'", error).group(1)
+    with pytest.raises(rp.RequestOptionError, match=rf"num_top_logprobs = 2 with beam_width = 2: .*{upstream}"):
+        opts(num_top_logprobs=2, beam_width=2, max_beam_width=2)
+    assert opts(return_log_probs=True, beam_width=2, max_beam_width=2).sampling["logprobs"] == 1  # k 1 is allowed
     with pytest.raises(rp.RequestOptionError, match="num_top_logprobs = 21: must be between 0 and 20"):
         opts(num_top_logprobs=21)
     o = opts(return_log_probs=True, num_top_logprobs=0, return_prompt_log_probs=False)
     assert o.sampling["logprobs"] == 1 and set(o.sampling) <= FIELDS
+
+
+# The LLM API's result types, built from the recorded names (llm_api.results): Logprob(logprob, rank) as a slots
+# dataclass; CompletionOutput.logprobs a list of {token id: Logprob}, one dict per generated token.
+Logprob = dataclasses.make_dataclass(
+    "Logprob", [(name, object) for name in LOGPROB_FACTS["results"]["Logprob"]["fields"]], slots=True)
+assert LOGPROB_FACTS["results"]["CompletionOutput.logprobs"]["type"] == "list[dict[int, Logprob]]"
+
+
+def _entry_1_2_1(sampled, k, step):
+    """1.2.1's dict: the k most likely only, ranks 1..k (llm_api.torch_sampler.sampled_token_included false); the
+    sampled token leads at even steps, is absent at odd ones."""
+    top = [(900 + j, -(j + 1) * 0.5) for j in range(k)]
+    if step % 2 == 0:
+        top[0] = (sampled, -0.1)
+    return {token: Logprob(logprob, rank + 1) for rank, (token, logprob) in enumerate(top)}
+
+
+def _entry_1_4(sampled, k, step):
+    """1.4's dict: the sampled token first (rank max(k + 1, its rank)), then the k most likely."""
+    top = _entry_1_2_1(sampled, k, step)
+    if sampled in top:
+        return top
+    return {sampled: Logprob(-7.0, k + 1), **top}
+
+
+@pytest.mark.parametrize("release, entry", [("1.2.1", _entry_1_2_1), ("1.4", _entry_1_4)])
+def test_top_log_probs_read_from_either_releases_dicts(release, entry):
+    facts = LOGPROB_FACTS if release == "1.2.1" else LOGPROB_FACTS_14
+    assert facts["torch_sampler"]["sampled_token_included"] is (release == "1.4")
+    entries = [entry(7, 3, 0), entry(8, 3, 1)]
+    vals, ids = rp.top_log_probs(entries, 3, 3)  # the third token has no entry: padded
+    assert ids == [[7, 901, 902], [900, 901, 902], [-1, -1, -1]]
+    assert vals[:2] == [[-0.1, -1.0, -1.5], [-0.5, -1.0, -1.5]] and vals[2] == [float("-inf")] * 3
+    assert rp.top_log_probs(entries, 2, 1) == ([[-0.1], [-0.5]], [[7], [900]])
+    sampled = rp.sampled_log_probs(entries, [7, 8])
+    assert sampled == ([-0.1, float("-inf")] if release == "1.2.1" else [-0.1, -7.0])
+
+
+def test_sampled_log_probs_from_either_logprobs_layout():
+    assert rp.sampled_log_probs([-0.5, -1.0], [3, 4]) == [-0.5, -1.0]
+    entries = [{3: Logprob(-0.25, 1), 8: Logprob(-2.0, 2)}, {4: -0.75}]
+    assert rp.sampled_log_probs(entries, [3, 4, 5]) == [-0.25, -0.75, 0.0]  # no entry for the third token
+    assert rp.sampled_log_probs([{8: Logprob(-2.0, 1)}], [3]) == [float("-inf")]  # a dict without it: no value
+
+
+class _TopKLLM(_FakeLLM):
+    """As _FakeLLM, with CompletionOutput.logprobs shaped as 1.2.1 returns them for logprobs=k (_entry_1_2_1)."""
+
+    def generate_async(self, ids, sampling_params, streaming):
+        self.calls.append((list(ids), sampling_params, streaming))
+        k = sampling_params.get("logprobs", 0)
+
+        async def gen():
+            seq = _Seq(0)
+            for step in range(3):
+                seq._seen = len(seq.token_ids)
+                seq.token_ids.append(100 + step)
+                seq.logprobs.append(_entry_1_2_1(seq.token_ids[-1], k, step))
+                yield _Out([seq], finished=step == 2)
+        return gen()
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_model_sends_the_alternatives_as_the_portable_runtime_does(llmapi_model, streaming):
+    """top_log_probs float32 / top_token_ids int32 [1, 1, tokens of the response, k] per response, most likely
+    first; output_log_probs -inf where 1.2.1 returned no value for the sampled token."""
+    llmapi_model.llm = _TopKLLM()
+    req = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8], streaming=[streaming],
+                   return_log_probs=[True], num_top_logprobs=[2], exclude_input_in_output=[False])
+    sent = _run(llmapi_model, req)
+    assert llmapi_model.llm.calls[0][1]["logprobs"] == 2
+    tensors = [r.tensors for r, _ in sent]
+    assert len(tensors) == (3 if streaming else 1) and all(r.error is None for r, _ in sent)
+    for t in tensors:
+        n = t["output_log_probs"].shape[-1]
+        assert t["top_log_probs"].shape == t["top_token_ids"].shape == (1, 1, n, 2)
+        assert (t["top_log_probs"].dtype, t["top_token_ids"].dtype) == (np.float32, np.int32)
+    ids = np.concatenate([t["top_token_ids"].reshape(-1, 2) for t in tensors]).tolist()
+    vals = np.concatenate([t["top_log_probs"].reshape(-1, 2) for t in tensors]).tolist()
+    assert ids == [[100, 901], [900, 901], [102, 901]]
+    assert np.allclose(vals, [[-0.1, -1.0], [-0.5, -1.0], [-0.1, -1.0]])
+    lps = np.concatenate([t["output_log_probs"].reshape(-1) for t in tensors]).tolist()
+    assert np.allclose(lps[0], -0.1) and lps[1] == float("-inf") and np.allclose(lps[2], -0.1)
+    plain = _Request(input_ids=[[1, 2, 3]], input_lengths=[3], request_output_len=[8], return_log_probs=[True])
+    t = _run(llmapi_model, plain)[0][0].tensors
+    assert "top_log_probs" not in t and "top_token_ids" not in t and llmapi_model.llm.calls[1][1]["logprobs"] == 1

@@ -1,7 +1,7 @@
 """Guided decoding (structured output) and log probabilities, held to the recorded upstream facts.
 
-The facts (tests/facts/trtllm_1_2_1/guided_decoding.json, tests/facts/trtllm_1_2_1/log_probs.json and
-tests/facts/trtllm_1_4/guided_decoding.json) were read from TensorRT-LLM's Triton backend sources
+The facts (tests/facts/trtllm_1_2_1/guided_decoding.json, tests/facts/trtllm_1_2_1/log_probs.json,
+tests/facts/trtllm_1_4/guided_decoding.json and tests/facts/trtllm_1_4/log_probs.json) were read from TensorRT-LLM's Triton backend sources
 (utils.cc, model_instance_state.cc, the tensorrt_llm template), its examples/generate_xgrammar_tokenizer_info.py
 and its serve/LLM API sources. Each file names the commits it was read at. Checked here:
 
@@ -27,7 +27,8 @@ import pytest
 from google.protobuf import json_format
 
 FACTS = Path(__file__).resolve().parents[1] / "facts"
-FACT_FILES = ("trtllm_1_2_1/guided_decoding.json", "trtllm_1_2_1/log_probs.json", "trtllm_1_4/guided_decoding.json")
+FACT_FILES = ("trtllm_1_2_1/guided_decoding.json", "trtllm_1_2_1/log_probs.json", "trtllm_1_4/guided_decoding.json",
+              "trtllm_1_4/log_probs.json")
 HEX40 = re.compile(r"[0-9a-f]{40}")
 
 
@@ -38,6 +39,7 @@ def facts(rel: str) -> dict:
 GUIDED = facts("trtllm_1_2_1/guided_decoding.json")
 GUIDED_14 = facts("trtllm_1_4/guided_decoding.json")
 LOGPROBS = facts("trtllm_1_2_1/log_probs.json")
+LOGPROBS_14 = facts("trtllm_1_4/log_probs.json")
 GUIDED_INPUTS = GUIDED["backend_inputs"]
 INFO_FILE = GUIDED["tokenizer_info_file"]
 
@@ -93,6 +95,25 @@ def test_log_prob_facts_agree_with_the_recorded_templates():
     flags = facts("trtllm_1_2_1/trtllm_build.json")["flags"]
     for need in ("context_logits", "generation_logits"):
         assert LOGPROBS["engine_requirements"][need]["trtllm_build_flag"] in flags, need
+
+
+def test_llm_api_log_prob_facts_are_consistent_across_files_and_releases():
+    """The LLM API log-prob facts (llm_api sections): the mapping names a recorded SamplingParams field, agrees with
+    the recorded trtllm-serve chat mapping, and asks no more alternatives than any recorded release allows."""
+    from trtpipe_runtime.decoding import MAX_TOP_LOGPROBS
+
+    api, api_14 = LOGPROBS["llm_api"], LOGPROBS_14["llm_api"]
+    field = api["request_mapping"]["num_top_logprobs"]["sampling_params_field"]
+    assert api["SamplingParams"][field] == {"type": "Optional[int]", "default": None, "meaning": api["SamplingParams"][
+        field]["meaning"]}
+    assert f"SamplingParams.{field} = top_logprobs or 1" == LOGPROBS["trtllm_serve"]["chat"]["pytorch_backend"]
+    assert api["request_mapping"]["trtllm_serve_agrees"].endswith(LOGPROBS["trtllm_serve"]["chat"]["pytorch_backend"])
+    limits = api_14["SamplingParams"]
+    assert MAX_TOP_LOGPROBS <= min(limits["MAX_TOP_LOGPROBS"], limits["MAX_TOP_LOGPROBS_1_3"])
+    assert "no upper bound" in api["SamplingParams"]["validation"]  # 1.2.1: nothing to exceed
+    assert (api["torch_sampler"]["sampled_token_included"], api_14["torch_sampler"]["sampled_token_included"]) == (
+        False, True), "the result reading (request_params.top_log_probs) is written for both shapes"
+    assert set(api["results"]["Logprob"]["fields"]) == {"logprob", "rank"}
 
 
 def test_llm_api_facts_agree_with_the_recorded_llm_args():

@@ -8,8 +8,11 @@
 # request_output_len in, output_ids/sequence_length out (generated tokens only, unless the request
 # sends exclude_input_in_output false). The per-request decoding inputs the config declares
 # (temperature, top_k/top_p, seed, penalties, min_tokens, log probs, num_return_sequences/beam_width,
-# stop/bad words) are mapped onto SamplingParams by request_params.py beside this file; each response
-# names its sequence (sequence_index), and an option the runtime cannot honour fails that request only.
+# stop/bad words, num_top_logprobs) are mapped onto SamplingParams by request_params.py beside this file; each
+# response names its sequence (sequence_index), and an option the runtime cannot honour fails that request only.
+# Log probabilities go out as the portable runtime sends them: output_log_probs [1, 1, n] and cum_log_probs for
+# return_log_probs, top_log_probs / top_token_ids [1, 1, n, k] for num_top_logprobs k (n: this response's tokens),
+# read from CompletionOutput.logprobs (a dict {token id: Logprob} per token; tests/facts/trtllm_1_2_1/log_probs.json).
 
 import os as _os
 import sys as _sys
@@ -33,8 +36,10 @@ from trtpipe_runtime.triton_io import perf_tensors as _perf_tensors, prompt_ids 
 from trtpipe_runtime.versions import options_file
 
 
-def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None, logits=None):
-    """One response; ``logits`` maps context_logits / generation_logits to float32 arrays when asked for."""
+def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None, logits=None, top=None):
+    """One response; ``logits`` maps context_logits / generation_logits to float32 arrays when asked for; ``top`` is
+    (log probabilities [n][k], token ids [n][k]) of this response's n tokens for num_top_logprobs k: top_log_probs
+    float32 / top_token_ids int32 [batch 1, beam 1, n, k], the portable runtime's tensors."""
     out = [pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
            pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
            pb_utils.Tensor("sequence_index", np.asarray([[seq_index]], dtype=np.int32)),
@@ -42,6 +47,11 @@ def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, pe
     if log_probs is not None:
         out += [pb_utils.Tensor("output_log_probs", np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)),
                 pb_utils.Tensor("cum_log_probs", np.asarray([[cum_log_prob]], dtype=np.float32))]
+    if top is not None:
+        vals, ids = top
+        k = len(vals[0]) if vals else 0
+        out += [pb_utils.Tensor("top_log_probs", np.asarray(vals, dtype=np.float32).reshape(1, 1, len(vals), k)),
+                pb_utils.Tensor("top_token_ids", np.asarray(ids, dtype=np.int32).reshape(1, 1, len(ids), k))]
     for name, arr in (logits or {}).items():  # context [1, prompt, vocab]; generation [1, 1, tokens, vocab]
         shape = (1, -1, arr.shape[-1]) if name == "context_logits" else (1, 1, -1, arr.shape[-1])
         out.append(pb_utils.Tensor(name, np.asarray(arr, dtype=np.float32).reshape(shape)))
@@ -171,6 +181,7 @@ class TritonPythonModel:
                  "last_token_time_ns": 0}
         n = opts.num_sequences
         tokens, lps, sent = [[] for _ in range(n)], [[] for _ in range(n)], [0] * n
+        entries = [[] for _ in range(n)]  # CompletionOutput.logprobs so far, for num_top_logprobs
         cum = [0.0] * n
         gen_logits, ctx_logits = [None] * n, None
         metrics = [None] * n
@@ -186,8 +197,13 @@ class TritonPythonModel:
                 logits["context_logits"] = ctx_logits
             if opts.generation_logits and gen_logits[i] is not None:
                 logits["generation_logits"] = gen_logits[i][sent[i]:len(tokens[i])]
+            top = None
+            if opts.num_top_logprobs:  # this response's generated tokens only (a prompt it leads with has none)
+                top = request_params.top_log_probs(entries[i][sent[i]:len(tokens[i])], len(tokens[i]) - sent[i],
+                                                   opts.num_top_logprobs)
             sender.send(_response(self.output_dtypes, chunk, i, chunk_lps, cum[i],
-                                  _perf_values(times, metrics[i]) if perf and final else None, logits), flags=flags)
+                                  _perf_values(times, metrics[i]) if perf and final else None, logits, top),
+                        flags=flags)
             sent[i] = len(tokens[i])
 
         try:
@@ -206,6 +222,8 @@ class TritonPythonModel:
                     else:
                         new = list(seq.token_ids_diff)
                         tokens[i] += new
+                    if opts.num_top_logprobs:
+                        entries[i] = list(seq.logprobs or [])
                     if opts.return_log_probs:
                         lps[i] = request_params.sampled_log_probs(seq.logprobs, tokens[i])
                         cum[i] = float(getattr(seq, "cumulative_logprob", None) or sum(lps[i]))

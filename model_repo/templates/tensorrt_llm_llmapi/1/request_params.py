@@ -7,10 +7,13 @@
 # same way on every runtime. Greedy is SamplingParams(top_k=1); sampling passes temperature, top_k and
 # top_p as sent.
 #   seed -> seed; repetition/presence/frequency_penalty as they are; min_tokens;
-#   return_log_probs -> logprobs=1 (the sampled token's log probability); the portable runtime's
-#   num_top_logprobs > 0 and return_prompt_log_probs are refused (not mapped onto the LLM API: its
-#   alternatives and prompt log probabilities are not among the facts recorded for 1.2.1); return_context_logits and
-#   return_generation_logits as they are; embedding_bias (a float per token id) -> embedding_bias;
+#   log probabilities (tests/facts/trtllm_1_2_1/log_probs.json llm_api): num_top_logprobs k -> logprobs=k (the
+#   PyTorch backend returns a dict of the k most likely tokens per generated token), return_log_probs alone ->
+#   logprobs=1; the sampled token's log probability is read from that dict (1.2.1 holds it only when it is among
+#   the k; 1.4 always adds it: tests/facts/trtllm_1_4/log_probs.json); num_top_logprobs with beam_width > 1 and
+#   return_prompt_log_probs are refused, naming the recorded fact and the pytorch runtime that serves them;
+#   return_context_logits and return_generation_logits as they are; embedding_bias (a float per token id) ->
+#   embedding_bias;
 #   beam_width > 1 -> use_beam_search, best_of = beam_width, n = num_return_sequences (default: all beams);
 #   num_return_sequences n (sampling) -> n; stop_words_list / bad_words_list -> stop_token_ids /
 #   bad_token_ids (one-token words) and stop / bad strings (longer words, decoded with the model's
@@ -28,6 +31,10 @@ from trtpipe_runtime.grammar import parse_guide
 
 RequestOptionError = DecodingError  # a request input this runtime cannot honour (sent back to that request only)
 
+LOGPROBS_FIELD = "logprobs"
+"""The SamplingParams field that asks for log probabilities: an int, the most likely tokens returned per generated
+token (tests/facts/trtllm_1_2_1/log_probs.json llm_api.request_mapping)."""
+
 
 @dataclass
 class RequestOptions:
@@ -38,6 +45,7 @@ class RequestOptions:
     beam_search: bool = False
     exclude_input: bool = True
     return_log_probs: bool = False
+    num_top_logprobs: int = 0  # k alternatives per generated token (top_log_probs / top_token_ids)
     context_logits: bool = False
     generation_logits: bool = False
     embedding_bias: list | None = None  # floats, one per token id (the model makes the torch tensor)
@@ -132,17 +140,19 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
             kw[name] = getattr(d, name)
     if d.min_tokens > 0:
         kw["min_tokens"] = d.min_tokens
-    log_probs = d.return_log_probs
-    if d.num_top_logprobs:
-        raise RequestOptionError(f"num_top_logprobs = {d.num_top_logprobs}: not supported by the trtllm-llmapi runtime "
-                                 "(return_log_probs gives the sampled token's log probability only, SamplingParams("
-                                 "logprobs=1)): send 0, or serve the build with runtime pytorch")
+    log_probs, top = d.return_log_probs, d.num_top_logprobs
+    if top and beam:
+        raise RequestOptionError(f"num_top_logprobs = {top} with beam_width = {beam_width}: TensorRT-LLM's PyTorch "
+                                 "backend returns only the sampled token's log probability under beam search (1.2.1 "
+                                 "raises 'Beam search does not support multiple logprobs'): send num_top_logprobs 0, "
+                                 "or beam_width 1")
     if d.return_prompt_log_probs:
-        raise RequestOptionError("return_prompt_log_probs = true: not supported by the trtllm-llmapi runtime (the "
-                                 "prompt's log probabilities are not mapped onto the LLM API): drop it, or serve the "
-                                 "build with runtime pytorch")
-    if log_probs:
-        kw["logprobs"] = 1
+        raise RequestOptionError("return_prompt_log_probs = true: not served by the trtllm-llmapi runtime (TensorRT-"
+                                 "LLM's prompt_logprobs gives the k most likely tokens at each prompt position, and the "
+                                 "prompt's own token only when it is among them, so its log probability is not "
+                                 "available): drop it, or serve the build with runtime pytorch, which scores the prompt")
+    if top or log_probs:
+        kw[LOGPROBS_FIELD] = top or 1
     kw.update(_words("stop", list(stop_words), decode))
     kw.update(_words("bad", list(bad_words), decode))
     flags = {name: bool(get(f"return_{name}") or False) for name in ("context_logits", "generation_logits")}
@@ -150,7 +160,7 @@ def request_options(get, *, max_new_tokens: int, max_beam_width: int = 1, max_ba
     exclude = get("exclude_input_in_output")
     return RequestOptions(sampling=kw, num_sequences=n, beam_search=beam,
                           exclude_input=exclude_input_default if exclude is None else bool(exclude),
-                          return_log_probs=log_probs, embedding_bias=d.embedding_bias,
+                          return_log_probs=log_probs, num_top_logprobs=top, embedding_bias=d.embedding_bias,
                           guided=guided_params(get), **flags)
 
 
@@ -176,13 +186,40 @@ def guided_params(get) -> dict | None:
 def sampled_log_probs(entries, tokens) -> list:
     """The log probability of each generated token, from an LLM API ``CompletionOutput.logprobs`` slice.
 
-    Each entry is a float, or a dict {token id: Logprob (with ``.logprob``) or float} holding the
-    sampled token; a missing one counts 0.0.
+    Each entry is a float, or a dict {token id: Logprob (with ``.logprob``) or float}. A dict without the sampled
+    token gives ``-inf``: TensorRT-LLM 1.2.1's PyTorch backend keeps only the ``logprobs`` most likely tokens, so a
+    sampled token outside them has no value (tests/facts/trtllm_1_2_1/log_probs.json llm_api.torch_sampler; the
+    OpenAI frontend sends it as -9999.0). A missing entry (fewer entries than tokens) counts 0.0.
     """
     out = []
     for entry, token in zip(list(entries or []), tokens):
         if isinstance(entry, dict):
             value = entry.get(token, entry.get(int(token)))
-            entry = getattr(value, "logprob", value)
+            entry = float("-inf") if value is None else getattr(value, "logprob", value)
         out.append(float(entry) if entry is not None else 0.0)
     return out + [0.0] * (len(tokens) - len(out))
+
+
+def top_log_probs(entries, n: int, k: int) -> tuple[list, list]:
+    """The ``k`` most likely tokens at each of ``n`` generated tokens, from a ``CompletionOutput.logprobs`` slice of
+    dicts {token id: Logprob(logprob, rank)}: (log probabilities [n][k] float, token ids [n][k] int), most likely
+    first (by rank, then log probability), as the portable runtime's top_log_probs / top_token_ids.
+
+    1.2.1 dicts hold exactly the k most likely (rank 1..k); 1.4 dicts also hold the sampled token, with a rank above k
+    when it is not among them, which sorts after them and is left out (the facts' llm_api.torch_sampler). A position
+    with fewer than k entries, or none, is padded with -inf and token id -1 (the portable runtime's padding).
+    """
+    vals, ids = [], []
+    entries = list(entries or [])
+    for i in range(n):
+        entry = entries[i] if i < len(entries) else None
+        ranked = []
+        for token, value in (entry.items() if isinstance(entry, dict) else ()):
+            logprob = float(getattr(value, "logprob", value))
+            rank = getattr(value, "rank", None)
+            ranked.append((rank if rank is not None else 0, -logprob, int(token), logprob))
+        ranked.sort()
+        best = ranked[:k]  # a 1.4 sampled token outside the k has rank k + 1 or more: sorted after them
+        vals.append([r[3] for r in best] + [float("-inf")] * (k - len(best)))
+        ids.append([r[2] for r in best] + [-1] * (k - len(best)))
+    return vals, ids
