@@ -65,7 +65,9 @@ def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, limits: LimitsC
     Args:
         checkpoint_dir: TensorRT-LLM checkpoint (config.json + rank*.safetensors).
         output_dir: where config.json + rank*.engine go.
-        limits: the build limits; :data:`LIMIT_KEYS` become flags (tokens_per_block travels with the plugins).
+        limits: the build limits; :data:`LIMIT_KEYS` become flags (tokens_per_block travels with the plugins);
+            gather_context_logits adds ``--gather_context_logits --logits_dtype float32`` (the flags of
+            tests/facts/trtllm_1_2_1/trtllm_build.json; builders.plan.LOGITS_DTYPE_BYTES says why float32).
         plugins: plugins.resolve.PluginDecision list (the plan's ``plugins``); implicit
             ones add nothing.
         world_size: tp x pp: engines to build.
@@ -78,6 +80,8 @@ def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, limits: LimitsC
     argv = [*executable, "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir)]
     for key, value in limits.engine_limits().items():
         argv += [f"--{key}", str(int(value))]
+    if limits.gather_context_logits:  # float32: the dtype the repository declares for context_logits
+        argv += ["--gather_context_logits", "--logits_dtype", "float32"]
     for decision in plugins:
         argv += decision.cli()
     argv += ["--workers", str(max(1, min(world_size, gpus_available)))]
@@ -213,6 +217,8 @@ def check_engine_output(engine_dir: Path, *, world_size: int, limits: LimitsConf
     tpb = (bc.get("plugin_config") or {}).get("tokens_per_block")
     if tpb is not None and tpb != limits.tokens_per_block:
         wrong["tokens_per_block"] = (tpb, limits.tokens_per_block)
+    if limits.gather_context_logits and not bc.get("gather_context_logits"):
+        wrong["gather_context_logits"] = (bc.get("gather_context_logits"), True)
     if wrong:
         detail = ", ".join(f"{k}: engine {a} vs plan {b}" for k, (a, b) in wrong.items())
         raise StageError(f"{engine_dir}/config.json build_config differs from the plan ({detail}): trtllm-build "

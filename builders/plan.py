@@ -203,8 +203,11 @@ class MemoryPlan(_Frozen):
     kv: KVPlan
     draft_weights_bytes: int = 0
     """The speculative draft's weights on one rank (SpeculativePlan.draft_weights_bytes)."""
+    context_logits_bytes: int = 0
+    """The runtime's context-logits buffer with limits.gather_context_logits (formula in context_logits_bytes());
+    0 without it. TensorRT-LLM allocates it beside the KV pool, in what the pool leaves."""
     total_bytes: int
-    """reserve + weights + draft weights + activations + KV pool on one rank."""
+    """reserve + weights + draft weights + activations + context logits + KV pool on one rank."""
 
 
 class PredictedPoint(_Frozen):
@@ -362,6 +365,30 @@ def activation_bytes(shape: ModelShape, tp: int, vocab_rank: int, max_num_tokens
     width = 2 * shape.hidden_size + (q_rank + 2 * kv_rank) * shape.head_dim + q_rank * shape.head_dim \
         + 3 * inter_rank
     return max_num_tokens * act_bytes * width + max_batch_size * max_beam_width * vocab_rank * 4
+
+
+LOGITS_DTYPE_BYTES = 4
+"""Bytes per logit of an engine built with gather_context_logits: float32, which the engine stage asks for
+(``--logits_dtype float32``) because the repository declares context_logits TYPE_FP32 and the C++ backend fails a
+response whose logits dtype differs (tests/facts/trtllm_1_2_1/log_probs.json ``logits_datatype``)."""
+
+
+def context_logits_bytes(vocab_size: int, world_size: int, max_num_tokens: int) -> int:
+    """The context-logits buffer of one rank of an engine built with gather_context_logits, in bytes::
+
+        max_num_tokens x vocab_size padded to a multiple of world_size x 4        # float32 logits
+
+    Source: TensorRT-LLM ``cpp/tensorrt_llm/batch_manager/runtimeBuffers.cpp`` (commit 2a9abd95,
+    ``RuntimeBuffers::reshape``): when the engine computes context logits, each step with context requests
+    reallocates the logits buffer as [numContextTokens + numGenSequences, vocabSizePadded] in the engine's logits
+    dtype, on every rank of the last pipeline stage; those tokens are one forward pass, at most max_num_tokens;
+    ``ModelConfig::getVocabSizePadded(worldSize)`` rounds the vocabulary up to a multiple of tp x pp (every rank
+    holds the whole gathered vocabulary). Without it the buffer is [max_batch_size x max_beam_width, vocab], in
+    activation_bytes(). The buffer is allocated at the first such step, after the KV pool was sized
+    (``TrtGptModelInflightBatching``'s constructor creates the runtime buffers, then the KV cache manager from the
+    free memory): it must fit in what the pool leaves (builders.preflight.memory_problems).
+    """
+    return max_num_tokens * _ceil_div(vocab_size, world_size) * world_size * LOGITS_DTYPE_BYTES
 
 
 def kv_bytes_per_token(shape: ModelShape, tp: int, pp: int, dtype_bytes: int) -> int:
@@ -540,11 +567,14 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 capacity_tokens=blocks * tpb, blocks_per_max_seq=per_seq, max_seq_len_sequences=blocks // per_seq,
                 workload_isl=isl, workload_osl=osl, workload_sequences=work_seqs,
                 workload_concurrency=min(work_seqs, lim.max_batch_size))
+    ctx_logits = context_logits_bytes(shape.vocab_size, par.world_size, lim.max_num_tokens) \
+        if lim.gather_context_logits and build.runtime.builds_trt_engine else 0
     memory = MemoryPlan(device_bytes=device, reserve_bytes=reserve, weights_bytes_per_rank=weights,
                         weights_bytes_by_pp_rank=per_pp, weights_breakdown=breakdown, params_total=params,
                         params_active=active,
                         activation_bytes=acts, free_bytes_after_weights_and_activations=free, kv=kv,
-                        draft_weights_bytes=draft_weights, total_bytes=reserve + weights + draft_weights + acts + pool)
+                        draft_weights_bytes=draft_weights, context_logits_bytes=ctx_logits,
+                        total_bytes=reserve + weights + draft_weights + acts + ctx_logits + pool)
 
     plugins = plugin_decisions(build, target.sm, shape.architecture)
 

@@ -175,6 +175,7 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
         problems += [Problem(where(p.field), p.value, p.rule, p.fix, p.code)
                      for r in RELEASES for p in option_problems(llm_api_options(build, release=r), releases=[r])]
     problems += llmapi_feature_problems(build)
+    problems += context_logits_problems(build)
     # The LLM API's trust_remote_code is the build's one switch (every load of the checkpoint, in the build too).
     if "trust_remote_code" in (sv.llm_api_options or {}):
         problems.append(Problem(where("serving.llm_api_options") + ".trust_remote_code",
@@ -209,6 +210,36 @@ def triton_batch_problems(build: ResolvedBuild, engine_max_batch_size: int) -> l
     return [Problem("serving.triton_max_batch_size", tmbs, f"exceeds the engine's max_batch_size "
                     f"{engine_max_batch_size}: Triton's may not be larger",
                     "lower it, or raise limits.max_batch_size (and rebuild)", code="triton_batch_vs_engine")]
+
+
+def context_logits_problems(build: ResolvedBuild) -> list[Problem]:
+    """``limits.gather_context_logits`` where it means nothing or upstream refuses it.
+
+    It is a ``trtllm-build`` flag (BuildConfig.gather_context_logits, tests/facts/trtllm_1_2_1/trtllm_build.json):
+    a runtime that builds no TensorRT engine has nothing to set it on. Refused there rather than ignored, so a
+    build file never carries a setting that does nothing: the portable runtime returns prompt log probabilities
+    without it (return_prompt_log_probs recomputes the prompt's logits on request), and the LLM API takes
+    return_context_logits per request. With speculative decoding trtllm-build refuses it (max_draft_len > 0:
+    trtllm_build.json ``command_line_rejections``) and the BLS does not return context logits
+    (tests/facts/trtllm_1_2_1/log_probs.json ``documented_caveats``).
+    """
+    s, where = build.settings, build.where
+    if not s.limits.gather_context_logits:
+        return []
+    field = where("limits.gather_context_logits")
+    if not build.runtime.builds_trt_engine:
+        return [Problem(field, True, f"runtime {s.runtime} builds no TensorRT engine, so trtllm-build's "
+                        "gather_context_logits means nothing there (the pytorch runtime returns prompt log "
+                        "probabilities without it: return_prompt_log_probs)",
+                        "remove limits.gather_context_logits, or set it only under the targets whose runtime is "
+                        "trtllm (targets.<target>.limits.gather_context_logits: true)",
+                        code="context_logits_runtime")]
+    if s.serving.speculative_decoding is not None:
+        return [Problem(field, True, "trtllm-build refuses gather_context_logits with speculative decoding "
+                        "(max_draft_len > 0), and the BLS returns no context logits with it",
+                        "remove limits.gather_context_logits or serving.speculative_decoding",
+                        code="context_logits_speculative")]
+    return []
 
 
 def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
@@ -453,6 +484,19 @@ def memory_problems(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> 
                                 f"max_seq_len sequence ({need} tokens)",
                                 f"allow >= {need} tokens ({human_bytes(need * kv.bytes_per_token)}), lower "
                                 "limits.max_seq_len, or use an FP8 KV cache", code="kv_pool_one_seq"))
+    ctx = mem.context_logits_bytes
+    left = mem.free_bytes_after_weights_and_activations - kv.pool_bytes
+    if ctx and target.kind == "gpu" and mem.free_bytes_after_weights_and_activations > 0 and ctx > left:
+        # builders.plan.context_logits_bytes: allocated at the first context step, in what the KV pool leaves
+        fits = int(100 * (1 - ctx / mem.free_bytes_after_weights_and_activations)) / 100
+        field = "serving.kv_cache_free_gpu_mem_fraction"
+        problems.append(Problem(where(field), s.serving.kv_cache_free_gpu_mem_fraction,
+                                f"with limits.gather_context_logits the context-logits buffer (max_num_tokens "
+                                f"{s.limits.max_num_tokens} x vocab x 4 B = {human_bytes(ctx)}) must fit in the memory "
+                                f"the KV pool leaves ({human_bytes(left)}): TensorRT-LLM allocates it after the pool",
+                                (f"set serving.kv_cache_free_gpu_mem_fraction <= {fits}, " if fits > 0 else "")
+                                + "lower limits.max_num_tokens, or set limits.gather_context_logits: false",
+                                code="context_logits_fit"))
     return problems
 
 

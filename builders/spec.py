@@ -153,6 +153,8 @@ class LimitsConfig(_Strict):
     """Beam width (1 = no beam search)."""
     tokens_per_block: int = Field(32, ge=4, le=1024)
     """Tokens per paged-KV-cache block (page size)."""
+    gather_context_logits: bool = Field(False, exclude_if=lambda v: not v)
+    """Engine keeps every prompt token's logits (``trtllm-build --gather_context_logits``; runtime trtllm only), for prompt log probabilities (OpenAI ``echo`` + ``logprobs``); costs max_num_tokens x vocab x 4 bytes."""
 
     @field_validator("tokens_per_block")
     @classmethod

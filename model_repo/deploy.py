@@ -198,7 +198,8 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
                            tokenizer=f"{mount}/{'bundle/tokenizer' if served_from == 'bundle' else 'engine'}",
                            max_input_len=s.limits.max_input_len, max_seq_len=s.limits.max_seq_len,
                            add_special_tokens=preprocessing_adds_special_tokens(repo), host="0.0.0.0",
-                           port=sv.openai_port, trust_remote_code=preprocessing_trusts_remote_code(repo))
+                           port=sv.openai_port, trust_remote_code=preprocessing_trusts_remote_code(repo),
+                           context_logits=s.limits.gather_context_logits)
     reasons["openai"] = ("the OpenAI-compatible frontend beside tritonserver (the project's image): /v1 on "
                          f"serving.openai_port {sv.openai_port}, sending to the BLS model over 127.0.0.1 gRPC")
     return DeploymentPlan(build.name, s.runtime, runtime_image(rt), world, per_node, nodes, gpu,

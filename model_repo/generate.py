@@ -123,9 +123,10 @@ LOG_PROB_OUTPUTS: tuple[PassThrough, ...] = (
     PassThrough("prompt_top_log_probs", "prompt_top_log_probs", "TYPE_FP32", "[ -1, -1 ]"),
     PassThrough("prompt_top_token_ids", "prompt_top_token_ids", "TYPE_INT32", "[ -1, -1 ]"),
 )
-# tensorrt_llm_bls's own output beside them: the token ids of the text each response carries (the ids the log
-# probabilities above score; the ensemble hands output_ids to postprocessing and has no such output). Sent when a
-# client asks for it by name. The OpenAI frontend builds its `logprobs` from these ids with the tokenizer.
+# tensorrt_llm_bls's own output, on every runtime: the token ids of the text each response carries (the ids the log
+# probabilities score: the tensors above, or the C++ backend's output_log_probs; the ensemble hands output_ids to
+# postprocessing and has no such output). Sent when a client asks for it by name. The OpenAI frontend builds its
+# `logprobs` from these ids with the tokenizer.
 BLS_OUTPUTS: tuple[PassThrough, ...] = (PassThrough("output_token_ids", "output_token_ids", "TYPE_INT32", "[ -1 ]"),)
 
 
@@ -403,7 +404,7 @@ def _set_tensor_tables(mp: ModelPlan, *, side: str, runtime, prefix: str = "", r
     ``runtime`` (plugins.runtimes.Runtime), under their client names (``side="ensemble"``: `ensemble`,
     `tensorrt_llm_bls`) or their backend names (``side="runtime"``: `tensorrt_llm`); ``reshape`` gives each input
     the C++ backend's scalar shape; ``bls`` adds tensorrt_llm_bls's own outputs (BLS_OUTPUTS, with the log-prob
-    tensors)."""
+    tensors, or the C++ backend's output_log_probs)."""
     def name(p: PassThrough) -> str:
         return p.ensemble_name if side == "ensemble" else p.runtime_name
 
@@ -415,13 +416,13 @@ def _set_tensor_tables(mp: ModelPlan, *, side: str, runtime, prefix: str = "", r
         return " allow_ragged_batch: true" if p.data_type == "TYPE_STRING" else " reshape: { shape: [ ] }"
 
     ext = runtime.log_prob_tensors
-    outputs = pass_outputs(runtime) + (BLS_OUTPUTS if bls and ext else ())
+    outputs = pass_outputs(runtime) + (BLS_OUTPUTS if bls else ())
     mp.set(f"{prefix}runtime_inputs", ",\n".join(
         f'  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims}{shape(p)} optional: true }}'
         for p in runtime_inputs(runtime)), _INPUTS_SOURCE[ext])
     mp.set(f"{prefix}runtime_outputs", "".join(
         f',\n  {{ name: "{name(p)}" data_type: {p.data_type} dims: {p.dims} }}' for p in outputs),
-        _OUTPUTS_SOURCE[ext] + (" + BLS_OUTPUTS" if bls and ext else ""))
+        _OUTPUTS_SOURCE[ext] + (" + BLS_OUTPUTS" if bls else ""))
 
 
 def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec_src: str,
@@ -499,7 +500,9 @@ def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src
     llm.set("cancellation_check_period_ms", 100, "how often cancelled requests are looked for (backend default)")
     llm.set("multi_block_mode", True, "TensorRT-LLM 1.x default: split long-context decode attention over blocks")
     llm.set("cuda_graph_mode", False, "backend default: CUDA graphs off (engine profiles already cover shapes)")
-    llm.set("normalize_log_probs", True, "backend default: log probs normalised")
+    llm.set("normalize_log_probs", False, "output_log_probs as OpenAI's logprobs are, log P(token | whole vocabulary): "
+            "true (the backend's default) renormalises over the top-k / top-p set, so a greedy request (top_k 1) "
+            "would score every token 0.0 (samplingTopKKernels.cu; tests/facts/trtllm_1_2_1/log_probs.json)")
     # Read with no fallback by getGuidedDecodingConfigFromParams (model_instance_state.cc): a missing key
     # fails the model's load. Empty values leave guided decoding off. The tokenizer-info file is written by
     # the engine stage (or the bundle) beside the tokenizer (builders/xgrammar_info.py write_beside_tokenizer).

@@ -146,6 +146,8 @@ class FrontendLaunch:
     """The Triton model it sends to (pipeline.openai_frontend.FrontendConfig.triton_model)."""
     trust_remote_code: bool = False
     """Whether the tokenizer's own code may run (the repository's preprocessing ``trust_remote_code``)."""
+    context_logits: bool = False
+    """The engine returns context logits (the build's limits.gather_context_logits)."""
 
     @property
     def url(self) -> str:
@@ -157,7 +159,8 @@ class FrontendLaunch:
         return frontend_argv(sys.executable, grpc_url=self.grpc_url, model=self.model, tokenizer=str(self.tokenizer_dir),
                              max_input_len=self.max_input_len, max_seq_len=self.max_seq_len,
                              add_special_tokens=self.add_special_tokens, host=self.address, port=self.port,
-                             triton_model=self.triton_model, trust_remote_code=self.trust_remote_code)
+                             triton_model=self.triton_model, trust_remote_code=self.trust_remote_code,
+                             context_logits=self.context_logits)
 
 
 def frontend_launch(build, cfg, port: int, tokenizer_dir: Path) -> FrontendLaunch:
@@ -169,4 +172,5 @@ def frontend_launch(build, cfg, port: int, tokenizer_dir: Path) -> FrontendLaunc
     lim = build.settings.limits
     return FrontendLaunch(cfg.grpc_url, build.name, tokenizer_dir, lim.max_input_len, lim.max_seq_len, special,
                           cfg.address, port, cfg.model_repository.parent / "openai_frontend.log",
-                          trust_remote_code=preprocessing_trusts_remote_code(cfg.model_repository))
+                          trust_remote_code=preprocessing_trusts_remote_code(cfg.model_repository),
+                          context_logits=lim.gather_context_logits)

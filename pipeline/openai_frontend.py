@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--add-special-tokens", action="store_true", help="count prompt tokens with special tokens")
     p.add_argument("--trust-remote-code", action="store_true", help="let the tokenizer's own code run (the build "
                    "file's model.trust_remote_code; default off)")
+    p.add_argument("--context-logits", action="store_true", help="the engine returns context logits (the build "
+                   "file's limits.gather_context_logits): prompt log probabilities on the trtllm runtime")
     p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=default_port("openai_port"),
                    help="listen port (default serving.openai_port's default)")
@@ -78,7 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = FrontendConfig(args.grpc_url, args.model, args.tokenizer, args.max_input_len, args.max_seq_len,
                          args.add_special_tokens, triton_model=args.triton_model, max_n=args.max_n,
-                         trust_remote_code=args.trust_remote_code)
+                         trust_remote_code=args.trust_remote_code, context_logits=args.context_logits)
     uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
 

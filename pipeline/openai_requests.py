@@ -11,8 +11,9 @@ probabilities as OpenAI answers them (pipeline.openai_logprobs builds the shapes
 legacy endpoint allows 5; the runtime's limit is 20) and ``echo`` (the prompt leads the text and, with
 ``logprobs``, its tokens lead the log probabilities, the first with null); ``max_tokens: 0`` with ``echo`` scores
 the prompt alone (the runtime generates one token, which is dropped and not counted). They need a runtime that
-returns them (the Triton model declares num_top_logprobs: the portable ``pytorch`` runtime); elsewhere a 400 names
-the parameter. Structured output (``response_format``, vLLM's ``guided_*``: pipeline.openai_guided) and tools
+returns them: the portable ``pytorch`` runtime (its Triton model declares num_top_logprobs), or TensorRT-LLM's C++
+backend (runtime ``trtllm``) with the sampled tokens' log probabilities only and, from an engine built with
+``limits.gather_context_logits``, the prompt's (pipeline.openai_context_logits); elsewhere a 400 names the parameter. Structured output (``response_format``, vLLM's ``guided_*``: pipeline.openai_guided) and tools
 (pipeline.openai_tools) become the Triton models' guided-decoding inputs. Not supported, answered with 400:
 ``logit_bias``, the deprecated ``functions`` / ``function_call``, ``suffix``, and several prompts in one
 streamed completion request. A completion prompt may be token ids (decoded here; the Triton models take text);
@@ -70,6 +71,10 @@ class FrontendConfig:
     trust_remote_code: bool = False
     """Whether the tokenizer's own code may run (the repository's preprocessing ``trust_remote_code`` parameter:
     the build file's model.trust_remote_code)."""
+    context_logits: bool = False
+    """The served engine returns context logits (the build file's limits.gather_context_logits): on a runtime
+    without this project's log-prob tensors, prompt log probabilities come from them
+    (pipeline.openai_context_logits)."""
 
 
 # ---- request bodies (the OpenAI fields this frontend reads; unknown fields are ignored, as OpenAI's are) ----
@@ -278,6 +283,9 @@ class Prepared(NamedTuple):
     tools: Any = None
     """What the request's tools ask for (pipeline.openai_tools.ToolPlan), None without tools or with
     ``tool_choice: "none"``."""
+    outputs: tuple = ()
+    """The log-probability tensors to ask the BLS model for, chosen by the frontend from what the served model
+    declares (pipeline.openai_serving); empty without log probabilities."""
 
 
 def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool, sent: Any = None) -> Prepared:

@@ -27,10 +27,12 @@ from typing import Any, AsyncIterator, Iterator, Optional, Union
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from pipeline.openai_context_logits import CONTEXT_LOGITS, SAMPLED_INPUT, engine_path_request
+from pipeline.openai_context_logits import prompt_arrays as context_prompt_arrays
 from pipeline.openai_logprobs import TokenLogprobs, TokenTexts, chat_content, completion_logprobs
 from pipeline.openai_requests import (LOG_PROB_INPUT, APIError, FrontendConfig, Prepared, _Body, chat_request,
                                       completion_request, prepare, read_json)
-from pipeline.openai_triton import Delta, Triton
+from pipeline.openai_triton import LOG_PROB_OUTPUTS, Delta, Triton
 from trtpipe_runtime.detokenize import StopMatcher
 
 CHAT = "/v1/chat/completions"
@@ -156,7 +158,7 @@ class Serving:
                 jobs = [(p, prepare(self.cfg, self.tok, body, p, False, sent))
                         for p, sent in zip(prompts, body.prompts())]
             if jobs[0][1].logprobs is not None:
-                await self._check_logprobs(chat)
+                jobs = [(p, await self._check_logprobs(chat, asked)) for p, asked in jobs]
         except APIError as err:
             return self.error(endpoint, err)
         if len(jobs) > 1:
@@ -189,16 +191,21 @@ class Serving:
                 "usage": _usage(sum(a["usage"]["prompt_tokens"] for a in answers),
                                 sum(a["usage"]["completion_tokens"] for a in answers))}
 
-    async def _check_logprobs(self, chat: bool) -> None:
-        """APIError 400 naming ``logprobs`` when the Triton model says it has no log-prob inputs (a runtime that does
-        not return them: the C++ backend's repository); when Triton cannot say (unreachable), the request goes on
-        and fails there as any other."""
+    async def _check_logprobs(self, chat: bool, asked: Prepared) -> Prepared:
+        """``asked`` with the log-probability tensors to ask for, by what the Triton model declares: this project's
+        log-prob tensors (its ``num_top_logprobs`` input: the portable runtime), else upstream's ``return_log_probs``
+        (the C++ backend: pipeline.openai_context_logits rewrites the request, or refuses what it cannot answer),
+        else APIError 400 naming ``logprobs``. When Triton cannot say (unreachable), the request goes on as for the
+        portable runtime and fails there as any other."""
         inputs = await self.triton.inputs()
-        if inputs is not None and LOG_PROB_INPUT not in inputs:
-            raise APIError(400, f"logprobs: this server's runtime returns no log probabilities with alternatives (its "
-                                f"Triton model {self.cfg.triton_model} declares no {LOG_PROB_INPUT} input): leave "
-                                f"logprobs{'/top_logprobs' if chat else ''} out, or serve a build with runtime pytorch",
-                           param="logprobs")
+        if inputs is None or LOG_PROB_INPUT in inputs:
+            return asked._replace(outputs=LOG_PROB_OUTPUTS)
+        if SAMPLED_INPUT in inputs:
+            return engine_path_request(asked, chat, self.cfg.context_logits)
+        raise APIError(400, f"logprobs: this server's runtime returns no log probabilities (its Triton model "
+                            f"{self.cfg.triton_model} declares neither {LOG_PROB_INPUT} nor {SAMPLED_INPUT}): leave "
+                            f"logprobs{'/top_logprobs' if chat else ''} out, or serve a build with runtime pytorch",
+                       param="logprobs")
 
     async def _life(self, request, endpoint: str, body: _Body, prompt: str, asked: Prepared,
                     chat: bool) -> AsyncIterator[Any]:
@@ -208,7 +215,7 @@ class Serving:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         t0 = time.perf_counter()
         stream = self.triton.generate(prompt, asked.max_tokens, [], asked.extra,  # stop strings: matched here
-                                      **({"logprobs": True} if asked.logprobs is not None else {}))
+                                      **({"logprobs": asked.outputs} if asked.logprobs is not None else {}))
         with self.metrics.in_flight():
             try:  # the first response decides the status code: an error before any token is a plain HTTP error
                 first = await stream.__anext__()
@@ -288,11 +295,17 @@ class Serving:
         return completion_logprobs(self.texts, whole, k)
 
     def _prompt_logprobs(self, asked: Prepared, arrays: Optional[dict]) -> TokenLogprobs:
-        """The echoed prompt's tokens and log probabilities from the runtime's prompt_* arrays."""
-        if not arrays or "prompt_log_probs" not in arrays:
-            raise APIError(500, "the runtime sent no prompt log probabilities (return_prompt_log_probs)",
-                           "server_error")
+        """The echoed prompt's tokens and log probabilities from the runtime's prompt_* arrays, or from its
+        context_logits (pipeline.openai_context_logits.prompt_arrays: the same arrays)."""
         k = asked.logprobs
+        try:
+            if arrays and CONTEXT_LOGITS in arrays and "prompt_log_probs" not in arrays:
+                arrays = context_prompt_arrays(asked.prompt_ids, arrays[CONTEXT_LOGITS], k)
+        except ValueError as exc:
+            raise APIError(500, f"the runtime's context logits do not fit the prompt: {exc}", "server_error") from None
+        if not arrays or "prompt_log_probs" not in arrays:
+            raise APIError(500, "the runtime sent no prompt log probabilities (return_prompt_log_probs or "
+                                "return_context_logits)", "server_error")
         top_ids, top = arrays.get("prompt_top_token_ids"), arrays.get("prompt_top_log_probs")
         try:
             if k and (top_ids is None or top is None):

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator, Optional
+from typing import AsyncIterator, Optional, Sequence
 
 from pipeline.openai_logprobs import TokenLogprobs
 from pipeline.openai_requests import APIError, FrontendConfig
@@ -20,8 +20,11 @@ from trtpipe_runtime.detokenize import Utf8Joiner
 
 LOG_PROB_OUTPUTS = ("output_token_ids", "output_log_probs", "top_log_probs", "top_token_ids", "prompt_log_probs",
                     "prompt_top_log_probs", "prompt_top_token_ids")
-"""What a request with log probabilities asks the BLS model for (model_repo.generate's LOG_PROB_OUTPUTS, with the
-sampled tokens' output_log_probs and the BLS's output_token_ids)."""
+"""What a request with log probabilities asks the portable runtime's BLS model for (model_repo.generate's
+LOG_PROB_OUTPUTS, with the sampled tokens' output_log_probs and the BLS's output_token_ids); the C++ backend's:
+pipeline.openai_context_logits (which adds context_logits)."""
+_READ = LOG_PROB_OUTPUTS + ("context_logits",)
+_DTYPES = {"FP32": "float32", "FP16": "float16", "INT32": "int32"}
 
 
 def triton_error(message: str) -> APIError:
@@ -78,9 +81,10 @@ class Triton:
         return self._inputs
 
     async def generate(self, prompt: str, max_tokens: int, stop: list[str], extra: dict,
-                       logprobs: bool = False) -> AsyncIterator[Delta]:
-        """Yield the model's streamed responses for one prompt (``logprobs``: with their log probabilities); raise
-        APIError on a request error."""
+                       logprobs: Sequence[str] = ()) -> AsyncIterator[Delta]:
+        """Yield the model's streamed responses for one prompt (``logprobs``: the log-probability tensors to ask for,
+        :data:`LOG_PROB_OUTPUTS` or the C++ backend's; each Delta then carries its tokens' and the first the prompt's
+        arrays); raise APIError on a request error."""
         import tritonclient.grpc as grpcclient
 
         from pipeline.client import build_inputs, stream_request
@@ -89,8 +93,7 @@ class Triton:
         outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", "num_output_tokens")]
         if extra.get("num_return_sequences", 1) > 1:
             outputs.append(grpcclient.InferRequestedOutput("sequence_index"))
-        if logprobs:
-            outputs += [grpcclient.InferRequestedOutput(n) for n in LOG_PROB_OUTPUTS]
+        outputs += [grpcclient.InferRequestedOutput(n) for n in logprobs]
         req = stream_request(self.cfg.triton_model, uuid.uuid4().hex, inputs, outputs)
         done = asyncio.Event()
 
@@ -168,9 +171,8 @@ def _raw_logprobs(ir) -> tuple[TokenLogprobs, Optional[dict]]:
 
     arrays = {}
     for out, raw in zip(ir.outputs, ir.raw_output_contents):
-        if out.name in LOG_PROB_OUTPUTS:
-            dtype = np.float32 if out.datatype == "FP32" else np.int32
-            arrays[out.name] = np.frombuffer(raw, dtype=dtype).reshape([int(d) for d in out.shape])
+        if out.name in _READ and out.datatype in _DTYPES:
+            arrays[out.name] = np.frombuffer(raw, dtype=_DTYPES[out.datatype]).reshape([int(d) for d in out.shape])
     ids = arrays.get("output_token_ids", np.zeros(0, np.int32)).reshape(-1)
     k = arrays["top_token_ids"].shape[-1] if "top_token_ids" in arrays else 0
     try:
@@ -179,5 +181,5 @@ def _raw_logprobs(ir) -> tuple[TokenLogprobs, Optional[dict]]:
                               arrays["top_log_probs"].reshape(-1, k) if k else None)
     except (KeyError, ValueError) as exc:
         raise APIError(500, f"the runtime's log probabilities are incomplete: {exc}", "server_error") from None
-    prompt = {n: a for n, a in arrays.items() if n.startswith("prompt_")} or None
+    prompt = {n: a for n, a in arrays.items() if n.startswith("prompt_") or n == "context_logits"} or None
     return lp, prompt

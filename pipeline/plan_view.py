@@ -58,6 +58,10 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                     "speculative decoding's draft model")
     mem.add_row("activations", f"{m.activation_bytes:,}", human_bytes(m.activation_bytes),
                 f"estimate from max_num_tokens {plan.limits.max_num_tokens}")
+    if m.context_logits_bytes:
+        mem.add_row("context logits", f"{m.context_logits_bytes:,}", human_bytes(m.context_logits_bytes),
+                    f"limits.gather_context_logits: max_num_tokens {plan.limits.max_num_tokens} x vocab x 4 B, "
+                    "beside the KV pool")
     mem.add_row("runtime reserve", f"{m.reserve_bytes:,}", human_bytes(m.reserve_bytes), "CUDA context, workspaces")
     mem.add_row("KV pool", f"{kv.pool_bytes:,}", human_bytes(kv.pool_bytes), kv.pool_source)
     mem.add_row("total", f"{m.total_bytes:,}", human_bytes(m.total_bytes),

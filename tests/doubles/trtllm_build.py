@@ -89,10 +89,13 @@ def main() -> int:
             continue
         (out / f"rank{r}.engine").write_bytes(b"fake engine " + bytes(str(r), "ascii"))
     mbs = args.max_batch_size + (1 if os.environ.get("TRTPIPE_DOUBLE_MISMATCH") else 0)
+    if args.logits_dtype:  # build.py sets the model config's logits_dtype from the flag
+        ckpt = {**ckpt, "logits_dtype": args.logits_dtype}
     cfg = {"version": "1.2.1", "pretrained_config": ckpt,
            "build_config": {"max_batch_size": mbs, "max_input_len": args.max_input_len,
                             "max_seq_len": args.max_seq_len, "max_num_tokens": args.max_num_tokens,
                             "max_beam_width": args.max_beam_width,
+                            "gather_context_logits": bool(args.gather_context_logits or args.gather_all_token_logits),
                             "plugin_config": {"tokens_per_block": args.tokens_per_block}}}
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     if args.output_timing_cache:

@@ -504,3 +504,22 @@ def test_the_openai_frontend_runs_beside_triton_in_both_files(tmp_path, runtime)
         # the pod goes without it (an unset image would keep the pod, and Triton, from starting)
         assert svc["profiles"] == ["openai"] and side == []
         assert all(p["name"] != "openai" for p in service["spec"]["ports"])
+
+
+def test_the_frontend_is_told_when_the_engine_returns_context_logits(tmp_path):
+    """limits.gather_context_logits reaches the frontend's command line (``--context-logits``) from the deployment
+    files and from `trtpipe serve`'s launch, and its parser reads it back; without the field it is absent."""
+    from pipeline.launch_config import frontend_launch
+    from pipeline.openai_frontend import build_parser
+    from pipeline.serve import ServerConfig
+
+    spec = write_spec(tmp_path / "b.yaml", tmp_path, target="h100", runtime="trtllm",
+                      extra="    limits: {gather_context_logits: true}\n")
+    on, off = load_spec(spec, "h100"), _gpu_build(tmp_path / "off")
+    assert on.settings.limits.gather_context_logits and not off.settings.limits.gather_context_logits
+    for build, want in ((on, True), (off, False)):
+        plan = plan_deployment(build, get_target("h100"), tmp_path / "out")
+        assert build_parser().parse_args(plan.openai[3:]).context_logits is want
+        assert ("--context-logits" in plan.openai) is want
+        launch = frontend_launch(build, ServerConfig(model_repository=tmp_path / "repo"), 9000, tmp_path)
+        assert build_parser().parse_args(launch.argv()[3:]).context_logits is want

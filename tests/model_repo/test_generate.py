@@ -226,7 +226,9 @@ def test_plan_runtime_settings_are_what_the_repository_holds(fake_engine, tmp_pa
 def test_log_prob_tensors_are_declared_where_the_runtime_reads_them(fake_engine, trtllm_engine, tmp_path):
     """The portable runtime's repository declares the log-prob tensors beyond upstream's interface on tensorrt_llm,
     the ensemble (mapped to tensorrt_llm) and tensorrt_llm_bls (which forwards them, and adds output_token_ids);
-    the C++ backend's does not (it reads no such input: Triton refuses a request that sends one)."""
+    the C++ backend's does not (it reads no such input: Triton refuses a request that sends one), and its
+    tensorrt_llm_bls adds output_token_ids too, beside upstream's output_log_probs and context_logits, which the OpenAI
+    frontend scores with them."""
     from model_repo.generate import BLS_OUTPUTS, LOG_PROB_INPUTS, LOG_PROB_OUTPUTS
     from tests.conftest import write_spec
 
@@ -252,4 +254,11 @@ def test_log_prob_tensors_are_declared_where_the_runtime_reads_them(fake_engine,
                            tmp_path / "trtllm")
     for name in ("tensorrt_llm", "ensemble", "tensorrt_llm_bls"):
         names = {i.name for i in trt[name].input} | {o.name for o in trt[name].output}
-        assert not names & (ins | outs | {"output_token_ids"}), name
+        assert not names & (ins | outs), name
+    bls = {o.name for o in trt["tensorrt_llm_bls"].output}
+    assert {"output_token_ids", "output_log_probs", "context_logits"} <= bls
+    assert "output_token_ids" not in {o.name for o in trt["ensemble"].output}
+    assert "return_context_logits" in {i.name for i in trt["tensorrt_llm_bls"].input}
+    forwarded = {k: v.string_value for k, v in trt["tensorrt_llm_bls"].parameters.items()}
+    assert "return_context_logits:return_context_logits" in forwarded["runtime_input_names"].split(",")
+    assert "context_logits" in forwarded["runtime_output_names"].split(",")

@@ -42,6 +42,7 @@ def test_repository_for_gpu_runtimes(tmp_path, runtime):
         assert "max_queue_size" not in params and llm.dynamic_batching.default_queue_policy.max_queue_size == \
             build.settings.serving.max_queue_size
         assert params["decoding_mode"] == "top_k_top_p" and params["gpu_device_ids"] == "0"
+        assert params["normalize_log_probs"] == "false"  # OpenAI's log P(token | vocabulary), not the top-k set's
     else:
         assert llm.backend == "python" and params["runtime"] == "trtllm-llmapi"
         assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "model.py").is_file()

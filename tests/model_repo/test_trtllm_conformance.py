@@ -49,7 +49,9 @@ OURS = {"num_output_tokens": "tokens carried by each response, counted by the se
                              "[1] is only sent with return_num_output_tokens)",
         "NUM_OUTPUT_TOKENS": "postprocessing's count behind num_output_tokens",
         "stop_strings": "tensorrt_llm_bls only: stop strings matched on the decoded text (upstream's stop_words are "
-                        "token ids, kept as they are)"}
+                        "token ids, kept as they are)",
+        "output_token_ids": "tensorrt_llm_bls only, sent when asked for by name: the token ids of each response's "
+                            "text, which output_log_probs and context_logits score (the OpenAI frontend's logprobs)"}
 # Inputs upstream makes optional that ours require, on purpose.
 REQUIRED_HERE = {"input_ids": "decoder-only models need the prompt (upstream allows encoder features instead)"}
 

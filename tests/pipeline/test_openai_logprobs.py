@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.openai_logprobs import FLOOR, TokenLogprobs, TokenTexts, chat_content, completion_logprobs
 from pipeline.openai_requests import APIError, CompletionBody, FrontendConfig, prepare
-from pipeline.openai_triton import Delta
+from pipeline.openai_triton import LOG_PROB_OUTPUTS, Delta
 
 MODEL = "m"
 
@@ -203,7 +203,7 @@ def test_streamed_chunks_carry_their_own_tokens_and_the_echo_comes_first(tok, to
     status, raw = _post(tokenizer_dir, triton, "/v1/completions", {
         "model": MODEL, "prompt": prompt, "max_tokens": 2, "echo": True, "logprobs": 2, "stream": True})
     chunks = [json.loads(e[len("data: "):]) for e in raw.decode().split("\n\n") if e.startswith("data: {")]
-    assert status == 200 and triton.asked[0][2] is True and triton.asked[0][1]["return_prompt_log_probs"]
+    assert status == 200 and triton.asked[0][2] == LOG_PROB_OUTPUTS and triton.asked[0][1]["return_prompt_log_probs"]
     echo, first, second = (c["choices"][0] for c in chunks[:3])
     assert echo["text"] == prompt and echo["logprobs"]["tokens"] == ["The", " capital"]
     assert echo["logprobs"]["token_logprobs"] == [None, -1.5] and echo["logprobs"]["text_offset"] == [0, 3]
