@@ -49,10 +49,25 @@ class IncrementalDetokenizer:
         self._read = 0  # ids before this are emitted
 
     def push(self, ids: Iterable[int]) -> str:
-        """The text ``ids`` complete, appended to the stream so far (str; ``""`` while held back)."""
-        self._ids.extend(int(i) for i in ids)
+        """The text ``ids`` complete, appended to the stream so far (str; ``""`` while held back).
+
+        Held-back ids that ``ids`` do not complete (the text would go on with U+FFFD, where ``ids`` alone decode
+        without one) are dropped and the stream starts again at ``ids``: a character cut in half is never sent,
+        and a state kept by a reused request id (the postprocessing model) does not carry one request's bytes
+        into the next."""
+        new = [int(i) for i in ids]
+        held = self._read < len(self._ids)
+        self._ids.extend(new)
         if self._read == len(self._ids):
             return ""
+        text = self._push()
+        if held and text.startswith(REPLACEMENT) and new \
+                and not self._batch_decode([new])[0].startswith(REPLACEMENT):
+            self._ids, self._prefix, self._read = [], 0, 0
+            return self.push(new)
+        return text
+
+    def _push(self) -> str:
         window = self._ids[self._prefix:]
         before, text = self._batch_decode([self._ids[self._prefix:self._read], window])
         ends = [len(self._ids)]

@@ -85,3 +85,14 @@ def test_stop_strings_match_on_the_text_and_are_left_out(pieces, stops, sent):
     out = "".join(m.push(p) for p in pieces) + m.flush()
     assert out == sent
     assert m.stopped == (sent != "".join(pieces))
+
+
+def test_bytes_held_back_that_the_next_ids_do_not_complete_are_dropped(tokenizer):
+    """A stream cut inside a character holds its first bytes; ids that do not complete it (the next request of a
+    client that reuses its request id, in the postprocessing model) start the text again, without U+FFFD."""
+    cut = tokenizer.encode("好", add_special_tokens=False)[:1]
+    hello = tokenizer.encode("Hello 世界", add_special_tokens=False)
+    detok = IncrementalDetokenizer(_batch_decode(tokenizer))
+    assert detok.push(tokenizer.encode("Hi ", add_special_tokens=False) + cut) == "Hi "
+    assert detok.pending == 1
+    assert detok.push(hello[:2]) + detok.push(hello[2:]) == "Hello 世界"
