@@ -653,17 +653,21 @@ def cmd_cache(args) -> int:
         if not rows:
             print(f"no cached stages under {root}")
             return 0
-        print(f"{'build':<20}{'target':<12}{'stage':<24}{'key':<18}{'age d':>7}{'MiB':>9}")
+        print(f"{'build':<20}{'target':<12}{'stage':<24}{'key':<22}{'age d':>7}{'MiB':>9}")
         for e in rows:
-            print(f"{e.build:<20}{e.target:<12}{e.stage:<24}{(e.key or '(interrupted)'):<18}"
+            print(f"{e.build:<20}{e.target:<12}{e.stage:<24}{e.state:<22}"
                   f"{e.age_days:>7.1f}{e.size_bytes / 2**20:>9.1f}")
         print(f"total {sum(e.size_bytes for e in rows) / 2**20:.1f} MiB in {len(rows)} folders under {root}")
         return 0
-    removed = cache.clean(root, older_than_days=args.older_than, build=args.build_name, dry_run=args.dry_run)
+    result = cache.clean(root, older_than_days=args.older_than, build=args.build_name, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    for e in removed:
+    for e in result.removed:
         print(f"{verb} {e.path} ({e.size_bytes / 2**20:.1f} MiB)")
-    print(f"{verb} {len(removed)} folders, {sum(e.size_bytes for e in removed) / 2**20:.1f} MiB")
+    for busy in result.busy:
+        print(f"left {busy.folder} as it is: a running build (pid {busy.pid if busy.pid is not None else '?'}) is "
+              f"using it; clean it again when that build ends")
+    print(f"{verb} {len(result.removed)} folders, {sum(e.size_bytes for e in result.removed) / 2**20:.1f} MiB"
+          + (f"; {len(result.busy)} in use left alone" if result.busy else ""))
     return 0
 
 
