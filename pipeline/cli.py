@@ -309,10 +309,13 @@ def cmd_tune(args) -> int:
     from builders import perf_model
     from pipeline import tune
     from pipeline.tune_view import render_tune
+    from plugins.targets import get_target
 
+    if args.gpus is not None and args.gpus < 1:  # 0 is not "the whole node": that is --gpus left out
+        raise SpecError([tune.gpus_problem(args.gpus, get_target(args.target))])
     build, target, hf_config = _plan_inputs(args)
     spec_path = Path(build.spec_path)
-    gpus = args.gpus or target.gpus_per_node
+    gpus = args.gpus if args.gpus is not None else target.gpus_per_node
     slo = tune.Slo(isl=args.isl, osl=args.osl, ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
     out = Path(args.output) if args.output else tune.default_output(spec_path, build.target)
     if out.exists() and not args.force:  # before the search: it takes seconds
@@ -750,8 +753,8 @@ def make_parser() -> argparse.ArgumentParser:
     tn.add_argument("--osl", type=_positive, required=True, help="output length in tokens")
     tn.add_argument("--ttft-ms", type=_positive_float, required=True, help="time-to-first-token target in ms")
     tn.add_argument("--tpot-ms", type=_positive_float, required=True, help="time-per-output-token target in ms")
-    tn.add_argument("--gpus", type=int, default=None, help="GPUs one instance may use (default: the target's "
-                                                          "gpus_per_node)")
+    tn.add_argument("--gpus", type=int, default=None, help="GPUs one instance may use, at least 1 (default: the "
+                                                          "target's gpus_per_node)")
     tn.add_argument("--max-ppl-delta-pct", type=float, default=5.0,
                     help="drop recipes whose measured perplexity delta exceeds this (default 5; from verify.json "
                          "of a build of this file, else the recorded quantization table)")
