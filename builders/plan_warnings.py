@@ -146,6 +146,23 @@ def _sliding_window_full_kv(f: PlanFacts) -> Optional[str]:
     return None
 
 
+@_warning("portable_sliding_window")
+def _portable_sliding_window(f: PlanFacts) -> Optional[str]:
+    """transformers 5.24 continuous batching (the portable runtime) groups layers by config.layer_types and keeps a
+    sliding layer's KV in a ring buffer of sliding_window tokens (continuous_batching/cache_allocators/
+    sliding_attention.py); with a sliding group it turns its decode fast path off (continuous_api.py:
+    max_blocks_per_request = 0). The plan sizes the pool for every layer over every token (KVPlan)."""
+    shape, lim = f.plan.model, f.plan.limits
+    if f.build.runtime.engine != "pytorch" or not (shape.sliding_window and shape.sliding_layers):
+        return None
+    longer = lim.max_seq_len > shape.sliding_window
+    return (f"{shape.sliding_layers} of {shape.num_hidden_layers} layers use a {shape.sliding_window}-token sliding "
+            f"window, and the portable runtime honours it: transformers' continuous batching keeps those layers' KV "
+            f"in a {shape.sliding_window}-token ring buffer per sequence and runs without its decode fast path"
+            + (f"; the plan counts their KV over the whole max_seq_len {lim.max_seq_len}, so its KV figures are an "
+               "upper bound" if longer else f" (max_seq_len {lim.max_seq_len} fits in the window: no token leaves it)"))
+
+
 @_warning("portable_eager_attention")
 def _portable_eager_attention(f: PlanFacts) -> Optional[str]:
     arch = f.arch
