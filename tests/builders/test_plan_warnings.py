@@ -149,3 +149,21 @@ def test_the_portable_runtime_says_what_it_does_with_the_window():
     assert "portable_sliding_window" not in dict(plan_warnings(PlanFacts(_plan(smol, smol_cfg), smol,
                                                                          get_target("cpu"), smol_cfg)))
 
+
+def test_headroom_and_kv_fixes_name_only_what_the_target_runs():
+    """On an A10 (SM 86: no FP8) an engine build nearly out of memory is told to quantize with recipes the A10 runs
+    (int4_awq, int8_sq...), never fp8; a KV-bound one is not told to use an FP8 KV cache, and with the KV fraction
+    at its maximum (1.0) not to raise it."""
+    settings = {"runtime": "trtllm", "dtype": "bfloat16", "quantization": {"quant_algo": "none"},
+                "limits": {"max_batch_size": 256, "max_input_len": 4096, "max_seq_len": 8192,
+                           "max_num_tokens": 8192}, "serving": {"kv_cache_free_gpu_mem_fraction": 1.0}}
+    build = ResolvedBuild(name="t", target="a10", spec_path="<test>", model=ModelSource(),
+                          settings=BuildSettings.model_validate(settings))
+    cfg = {**hf_config("llama-3-8b"), "num_hidden_layers": 42}
+    found = dict(plan_warnings(PlanFacts(_plan(build, cfg), build, get_target("a10"), cfg)))
+    headroom = found["memory_headroom"]
+    assert "quantize (quant_algo int4_awq | int4_rtn | int8_sq)" in headroom and "fp8" not in headroom, headroom
+    kv = found["kv_bound_max_seq_len"]
+    assert "FP8" not in kv and "raise serving.kv_cache_free_gpu_mem_fraction" not in kv, kv
+    assert kv.endswith("fix: use more tp/pp ranks, or lower limits.max_batch_size to "
+                       f"{_plan(build, cfg).memory.kv.max_seq_len_sequences} or limits.max_seq_len")
