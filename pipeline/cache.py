@@ -11,6 +11,7 @@ is running alone. A folder of that name without the marker is not trtpipe's and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -19,7 +20,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from plugins.fsutil import (TMP_MARKER, BuildBusy, atomic_dir, build_lock, build_lock_holder, is_own_temporary, measure,
                             write_failure, write_json)
@@ -186,6 +187,25 @@ def entries(root: Path) -> list[CacheEntry]:
     return out
 
 
+@contextlib.contextmanager
+def _clean_lock(folder: Path) -> Iterator[None]:
+    """``folder``'s build lock, not waiting (raise BuildBusy). A cache that cannot be written (read-only) cannot
+    hold the lock file, and no build runs without writing it: there, only a probe for a holder is made."""
+    try:
+        lock = build_lock(folder, wait=False)
+        lock.__enter__()
+    except OSError:
+        busy = build_lock_holder(folder)
+        if busy is not None:
+            raise busy from None
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
 def clean(root: Path, *, older_than_days: float | None = None, build: str | None = None,
           dry_run: bool = False) -> CleanResult:
     """Delete matching stage folders (and every temporary folder) of the output folders no build is using.
@@ -211,7 +231,7 @@ def clean(root: Path, *, older_than_days: float | None = None, build: str | None
                 result.removed += matched
             continue
         try:
-            with build_lock(folder, wait=False):
+            with _clean_lock(folder):
                 for e in matched:
                     if e.temporary and not is_own_temporary(e.path, "stage.json"):
                         continue  # renamed into place by a build that finished since the listing

@@ -266,7 +266,7 @@ def build_lock_holder(folder: Path) -> BuildBusy | None:
     path = _lock_path(folder)
     try:
         fh = open(path)
-    except FileNotFoundError:
+    except OSError:  # no lock file (never taken), or no cache to hold one: no build holds it
         return None
     with fh:
         try:

@@ -110,3 +110,18 @@ def test_cache_list_and_clean_leave_a_running_build_alone(tmp_path, monkeypatch,
     assert (live / "engine" / "stage.json").is_file() and not list(live.glob(".engine.tmp-*"))
     assert main(["cache", "clean", "--out", str(root)]) == 0  # the build over, its folder is cleaned
     assert not (live / "engine").exists()
+
+
+def test_cache_clean_works_where_no_lock_file_can_be_written(tmp_path, monkeypatch, capsys):
+    """A cache that cannot hold lock files (here a file stands where it would be) holds no build's lock either:
+    ``trtpipe cache clean`` still cleans, instead of failing on the lock."""
+    from pipeline.cli import main
+    from plugins.fsutil import TMP_MARKER
+
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "not-a-folder" / "cache"))
+    left = tmp_path / "build" / "tiny" / "cpu" / ".engine.tmp-dead"
+    left.mkdir(parents=True)
+    (left / TMP_MARKER).write_text("")
+    assert main(["cache", "clean", "--out", str(tmp_path / "build")]) == 0
+    assert not left.exists() and f"removed {left}" in capsys.readouterr().out
