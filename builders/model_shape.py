@@ -133,15 +133,17 @@ class ModelShape(_Frozen):
         scaled = [t for t in types if t != "default"]
         window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) is not False else None
         layer_types = cfg.get("layer_types")
+        arch = architecture(name)
+        # Which layers slide: config.json's layer_types, else the HF config class's own default pattern (Gemma 2
+        # configs written before layer_types alternate: transformers fills in every 2nd layer as global).
+        every = int(cfg.get("sliding_window_pattern") or (arch.global_every if arch else 0))
         if window and isinstance(layer_types, list):
             sliding = sum(1 for t in layer_types if t == "sliding_attention")
-        elif window and cfg.get("sliding_window_pattern"):  # Gemma 3 before layer_types: every n-th is global
-            n = int(cfg["sliding_window_pattern"])
-            sliding = sum(1 for i in range(layers) if (i + 1) % n)
+        elif window and every:  # every n-th layer is global
+            sliding = sum(1 for i in range(layers) if (i + 1) % every)
         else:
             sliding = layers if window else 0
         moe: dict = {}
-        arch = architecture(name)
         experts = next((cfg[k] for k in arch.moe.num_experts_keys if cfg.get(k)), 0) if arch and arch.moe else 0
         if experts:
             m = arch.moe

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from builders.admission import AdmissionPlan, admission_plan
 from builders.model_shape import ModelShape, _Frozen
 from builders.plan_warnings import PlanFacts, plan_warnings
 from builders.spec import LimitsConfig, ResolvedBuild
@@ -314,6 +315,8 @@ class Plan(_Frozen):
     """Speculative decoding and its draft's memory (null: off)."""
     runtime_settings: list[RuntimeSetting] = []
     """The pytorch runtime's continuous-batching settings and why (empty for the TensorRT-LLM runtimes)."""
+    admission: Optional[AdmissionPlan] = None
+    """Requests held at once before more are refused as overloaded: in flight + queued (builders.admission)."""
     plugins_apply: bool
     """True when the runtime builds a TensorRT engine (trtllm); otherwise the list is informative."""
     warnings: list[str]
@@ -592,6 +595,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 speculative=spec,
                 runtime_settings=(portable_runtime_settings(build, kv.capacity_tokens if target.kind == "gpu" else None)
                                   if build.runtime.settings else []),
+                admission=admission_plan(lim.max_batch_size, s.serving.max_queue_size),
                 warnings=[], trust_remote_code=build.model.trust_remote_code, custom_code=code)
     warnings = [text for _, text in plan_warnings(PlanFacts(plan, build, target, hf_config))]
     return plan.model_copy(update={"warnings": warnings})

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from builders.spec import ResolvedBuild
+from builders import fix_choices
+from builders.spec import ResolvedBuild, ServingConfig
 from plugins.architectures import Architecture, architecture, support
 from plugins.runtimes import RUNTIMES
 from plugins.targets import TargetProfile
@@ -146,6 +147,23 @@ def _sliding_window_full_kv(f: PlanFacts) -> Optional[str]:
     return None
 
 
+@_warning("portable_sliding_window")
+def _portable_sliding_window(f: PlanFacts) -> Optional[str]:
+    """transformers 5.24 continuous batching (the portable runtime) groups layers by config.layer_types and keeps a
+    sliding layer's KV in a ring buffer of sliding_window tokens (continuous_batching/cache_allocators/
+    sliding_attention.py); with a sliding group it turns its decode fast path off (continuous_api.py:
+    max_blocks_per_request = 0). The plan sizes the pool for every layer over every token (KVPlan)."""
+    shape, lim = f.plan.model, f.plan.limits
+    if f.build.runtime.engine != "pytorch" or not (shape.sliding_window and shape.sliding_layers):
+        return None
+    longer = lim.max_seq_len > shape.sliding_window
+    return (f"{shape.sliding_layers} of {shape.num_hidden_layers} layers use a {shape.sliding_window}-token sliding "
+            f"window, and the portable runtime honours it: transformers' continuous batching keeps those layers' KV "
+            f"in a {shape.sliding_window}-token ring buffer per sequence and runs without its decode fast path"
+            + (f"; the plan counts their KV over the whole max_seq_len {lim.max_seq_len}, so its KV figures are an "
+               "upper bound" if longer else f" (max_seq_len {lim.max_seq_len} fits in the window: no token leaves it)"))
+
+
 @_warning("portable_eager_attention")
 def _portable_eager_attention(f: PlanFacts) -> Optional[str]:
     arch = f.arch
@@ -205,15 +223,24 @@ def _kv_bound_max_seq_len(f: PlanFacts) -> Optional[str]:
     kv, lim = f.plan.memory.kv, f.plan.limits
     if not 0 < kv.max_seq_len_sequences < lim.max_batch_size:  # none at all is an error (preflight kv_pool_one_seq)
         return None
-    knob = ("serving.max_tokens_in_paged_kv_cache" if "max_tokens_in_paged_kv_cache" in kv.pool_source
-            else "serving.kv_cache_free_gpu_mem_fraction")
-    more = ((", use an FP8 KV cache (kv_cache_quant_algo: fp8) or more tp/pp ranks"
-             if f.build.settings.quantization.kv_cache_quant_algo != "fp8" else ", use more tp/pp ranks")
-            if f.engine else "")
+    sv = f.build.settings.serving
+    # each fix is checked for this build and target (builders.fix_choices): a fraction at its bound is not
+    # "raised", an FP8 KV cache is named only where the target runs one and the runtime keeps one
+    if "max_tokens_in_paged_kv_cache" in kv.pool_source:
+        fixes = ["raise serving.max_tokens_in_paged_kv_cache"]
+    elif fix_choices.can_raise(ServingConfig, "kv_cache_free_gpu_mem_fraction", sv.kv_cache_free_gpu_mem_fraction):
+        fixes = ["raise serving.kv_cache_free_gpu_mem_fraction"]
+    else:
+        fixes = []
+    fp8 = fix_choices.fp8_kv_possible(f.build, f.target)
+    if f.engine:
+        fixes.append("use an FP8 KV cache (kv_cache_quant_algo: fp8) or more tp/pp ranks" if fp8
+                     else "use more tp/pp ranks")
+    fixes.append(f"lower limits.max_batch_size to {kv.max_seq_len_sequences} or limits.max_seq_len")
     return (f"the KV pool holds {kv.max_seq_len_sequences} full-length sequences (max_seq_len "
             f"{lim.max_seq_len}), fewer than max_batch_size {lim.max_batch_size}: at most "
-            f"{kv.max_seq_len_sequences} requests that run to max_seq_len are in flight at once; fix: raise "
-            f"{knob}{more}, or lower limits.max_batch_size to {kv.max_seq_len_sequences} or limits.max_seq_len")
+            f"{kv.max_seq_len_sequences} requests that run to max_seq_len are in flight at once; fix: "
+            + ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1])
 
 
 @_warning("memory_headroom")
@@ -226,8 +253,16 @@ def _memory_headroom(f: PlanFacts) -> Optional[str]:
             f"{human_bytes(m.activation_bytes)} + reserve {human_bytes(m.reserve_bytes)} = {human_bytes(used)} take "
             f"{used / device:.0%} of the {human_bytes(device)} of '{f.target.name}' (over "
             f"{HEADROOM_WARN_FRACTION:.0%}): {human_bytes(free)} is left for the KV cache and any estimate error; fix: "
-            + ("quantize (fp8, int4_awq), raise parallelism.tp_size/pp_size, " if f.engine else "")
-            + "lower limits.max_num_tokens, or pick a target with more memory")
+            + _headroom_fixes(f) + "lower limits.max_num_tokens, or pick a target with more memory")
+
+
+def _headroom_fixes(f: PlanFacts) -> str:
+    """What shrinks the weights on an engine runtime, each choice checked (builders.fix_choices): a lighter
+    quantization the target runs for this family, more ranks."""
+    if not f.engine:
+        return ""
+    lighter = fix_choices.quants(f.build, f.target, f.arch, lighter=True)
+    return (f"quantize (quant_algo {' | '.join(lighter)}), " if lighter else "") + "raise parallelism.tp_size/pp_size, "
 
 
 @_warning("fp8_available")

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from builders import fix_choices
 from builders.llmapi_options import RELEASES, llm_api_options, option_problems
 from builders.model_shape import ModelShape, rope_context
 from builders.plan import Plan, compute_plan, draft_config, layer_shards, plugin_decisions, read_hf_config, source_code
 from builders.plan_warnings import human_bytes
-from builders.spec import ResolvedBuild
+from builders.spec import ResolvedBuild, ServingConfig
 from plugins.architectures import ARCHITECTURES, ROPE_TYPES, Architecture, architecture, support
 from plugins.recipes import QUANT_RECIPES
 from plugins.runtimes import RUNTIMES
 from plugins.errors import Problem, SpecError
 from plugins.resolve import HARDWARE_CODES, MMHA_HEAD_SIZES, decode_attention_kernel, hardware_problems
-from plugins.targets import TargetProfile
+from plugins.targets import TargetProfile, get_target
 
 SHARDING_CODES = ("heads_tp", "kv_heads_tp", "intermediate_tp", "layers_pp", "moe_sizes", "experts_ep",
                   "expert_intermediate_tp")
@@ -84,8 +85,10 @@ def _tp_fix(m: ModelShape, group_size: int | None) -> str:
             f"{valid_tp_sizes(m)} with a quantization.group_size that divides them (see awq_group)")
 
 
-def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
-    """Rules that need only the spec and the target."""
+def spec_problems(build: ResolvedBuild, target: TargetProfile, arch: Architecture | None = None) -> list[Problem]:
+    """Rules that need only the spec and the target. A fix that names a runtime or a quantization names only one
+    that passes the rules on ``target`` (builders.fix_choices), and, given the model's family ``arch`` (when its
+    config.json is at hand), the family support rule too."""
     s = build.settings
     where = build.where
     q, par, lim, sv = s.quantization, s.parallelism, s.limits, s.serving
@@ -95,9 +98,11 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
 
     # Runtime availability: the target profile lists the runtimes that run there (configs/targets/*.yaml).
     if s.runtime not in target.runtimes:
+        ok = fix_choices.runtimes(build, target, arch=arch)
         problems.append(Problem(where("runtime"), s.runtime, f"runtime '{s.runtime}' cannot run on target "
                                 f"'{target.name}' (it supports {list(target.runtimes)})",
-                                "use runtime: pytorch on CPU targets, or pick a GPU target", code="runtime_target"))
+                                (f"use runtime: {' | '.join(ok)} on '{target.name}', or " if ok else "")
+                                + "pick a target that runs it", code="runtime_target"))
 
     # GPUs: world size = tp x pp ranks, one per GPU (the backend's launch_triton_server.py starts one
     # tritonserver rank per GPU). Only engine runtimes shard over GPUs.
@@ -165,7 +170,10 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
     # only the FP8-context-FMHA choice is judged for it, by the quantization alone.
     problems += hardware_problems(build.recipe, q.kv_cache_quant_algo, sm if engine else None,
                                   use_fp8_context_fmha=q.use_fp8_context_fmha,
-                                  trtllm_build=build.runtime.builds_trt_engine, where=where)
+                                  trtllm_build=build.runtime.builds_trt_engine, where=where,
+                                  runtimes=tuple(fix_choices.runtimes(build, target,
+                                                                      lambda rt: not rt.builds_trt_engine, arch)),
+                                  quants=tuple(fix_choices.quants(build, target, arch)))
     if build.runtime.builds_trt_engine and sm is not None:  # trtllm-build's own rules (the LLM API builds none)
         problems += _resolver_refusals(build, sm)
 
@@ -174,7 +182,7 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile) -> list[Problem]:
     if build.runtime.llm_api:
         problems += [Problem(where(p.field), p.value, p.rule, p.fix, p.code)
                      for r in RELEASES for p in option_problems(llm_api_options(build, release=r), releases=[r])]
-    problems += llmapi_feature_problems(build)
+    problems += llmapi_feature_problems(build, target, arch)
     problems += context_logits_problems(build)
     # The LLM API's trust_remote_code is the build's one switch (every load of the checkpoint, in the build too).
     if "trust_remote_code" in (sv.llm_api_options or {}):
@@ -242,7 +250,8 @@ def context_logits_problems(build: ResolvedBuild) -> list[Problem]:
     return []
 
 
-def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
+def llmapi_feature_problems(build: ResolvedBuild, target: TargetProfile,
+                            arch: Architecture | None = None) -> list[Problem]:
     """Speculative decoding, guided decoding and host KV offload: which runtimes take them, and the draft rules.
 
     Speculative and guided decoding are configured through the LLM API (``speculative_config``,
@@ -250,6 +259,7 @@ def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
     draft-target need a draft checkpoint, NGram and MTP take none (``EagleDecodingConfig`` /
     ``DraftTargetDecodingConfig`` require ``speculative_model_dir``: tests/facts/trtllm_1_2_1/llm_args.json). Host KV
     offload exists in TensorRT-LLM's KV cache manager (both TensorRT-LLM runtimes), not in the portable runtime.
+    A fix names another runtime only when ``target`` runs it (and builds ``arch``, when given: builders.fix_choices).
     """
     s, where = build.settings, build.where
     sv = s.serving
@@ -257,19 +267,24 @@ def llmapi_feature_problems(build: ResolvedBuild) -> list[Problem]:
     llmapi = build.runtime.llm_api
     problems: list[Problem] = []
     if spec and spec.mode and not llmapi:
+        ok = fix_choices.runtimes(build, target, lambda rt: rt.llm_api, arch)
         problems.append(Problem(where("serving.speculative_decoding"), spec.mode, f"runtime {s.runtime} does not "
                                 "configure it: only trtllm-llmapi passes the LLM API's speculative_config",
-                                "set runtime: trtllm-llmapi for this target, or remove serving.speculative_decoding",
-                                code="llmapi_feature"))
+                                (f"set runtime: {' | '.join(ok)} for this target, or " if ok else "")
+                                + "remove serving.speculative_decoding", code="llmapi_feature"))
     backend, have = sv.guided_decoding_backend, build.runtime.guided_backends
     if backend and backend not in have:
+        ok = fix_choices.runtimes(build, target, lambda rt: backend in rt.guided_backends, arch)
         problems.append(Problem(where("serving.guided_decoding_backend"), backend, f"runtime {s.runtime} has "
-                                f"{' and '.join(have)} only", f"set serving.guided_decoding_backend: {have[0]}, or "
-                                "runtime: trtllm-llmapi (it has llguidance)", code="guided_backend_runtime"))
+                                f"{' and '.join(have)} only", f"set serving.guided_decoding_backend: {have[0]}"
+                                + (f", or runtime: {' | '.join(ok)} (it has {backend})" if ok else ""),
+                                code="guided_backend_runtime"))
     if sv.kv_cache_host_memory_bytes and not build.runtime.host_kv_tier:
+        ok = fix_choices.runtimes(build, target, lambda rt: rt.host_kv_tier, arch)
         problems.append(Problem(where("serving.kv_cache_host_memory_bytes"), sv.kv_cache_host_memory_bytes,
                                 "the portable runtime has no host tier for KV blocks (TensorRT-LLM's KV cache manager "
-                                "has)", "remove it for this target, or use runtime trtllm / trtllm-llmapi",
+                                "has)", "remove it for this target" + (f", or use runtime {' / '.join(ok)}" if ok
+                                                                       else ""),
                                 code="kv_host_cache_runtime"))
     if spec is not None:
         drafted = spec.mode in ("eagle3", "draft_target")
@@ -330,8 +345,9 @@ def check(build: ResolvedBuild, target: TargetProfile, hf_config: dict | None = 
         raise SpecError(problems, build.spec_path)
 
 
-def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
-    """Rules that need the model's config.json: sharding divisibility and context length."""
+def model_problems(build: ResolvedBuild, hf_config: dict, target: TargetProfile | None = None) -> list[Problem]:
+    """Rules that need the model's config.json: sharding divisibility and context length (``target``: the
+    build's when not given; a fix names only runtimes it runs)."""
     s = build.settings
     where = build.where
     q, par, lim = s.quantization, s.parallelism, s.limits
@@ -382,10 +398,13 @@ def model_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]:
     # Attention head size: TensorRT-LLM's fused attention kernels are compiled for a fixed set of head sizes.
     if build.runtime.builds_trt_engine and decode_attention_kernel(
             m.head_dim, m.num_attention_heads, kv, lim.max_beam_width) is None:
+        ok = fix_choices.runtimes(build, target or get_target(build.target), lambda rt: not rt.builds_trt_engine,
+                                  architecture((hf_config.get("architectures") or [None])[0]))
         problems.append(Problem("model.source", m.head_dim, f"no TensorRT-LLM generation attention kernel serves "
                                 f"head_dim {m.head_dim} here (masked MHA takes {list(MMHA_HEAD_SIZES)}; XQA multiples "
                                 "of 16 up to 256 for grouped-query attention at beam width 1)",
-                                "use runtime: trtllm-llmapi or pytorch", code="head_dim"))
+                                f"use runtime: {' or '.join(ok)}" if ok else "pick a model of another head size",
+                                code="head_dim"))
     # Context length: RoPE models are trained up to max_position_embeddings; longer needs a
     # rope scaling entry in config.json (rope_type linear/dynamic/yarn/llama3/longrope), and that entry extends
     # the context only so far (builders.plan.rope_context, from transformers 5.24 modeling_rope_utils.py).
@@ -461,14 +480,14 @@ def memory_problems(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> 
         problems.append(Problem(where("quantization.quant_algo"), s.quantization.quant_algo,
                                 f"weights take {human_bytes(mem.weights_bytes_per_rank)} per rank (+ "
                                 f"{human_bytes(mem.reserve_bytes)} runtime reserve), more than the {dev} of "
-                                f"'{target.name}'", "raise parallelism.tp_size/pp_size, quantize (int4_awq, fp8), "
-                                "or pick a target with more memory", code="weights_fit"))
+                                f"'{target.name}'", _weights_fix(build, target, plan), code="weights_fit"))
     elif mem.free_bytes_after_weights_and_activations <= 0:
         problems.append(Problem(where("limits.max_num_tokens"), s.limits.max_num_tokens,
                                 f"weights {human_bytes(mem.weights_bytes_per_rank)} + activations "
                                 f"{human_bytes(mem.activation_bytes)} + reserve {human_bytes(mem.reserve_bytes)} "
                                 f"exceed the {dev} of '{target.name}'", "lower limits.max_num_tokens or "
-                                "limits.max_batch_size, or raise tp_size", code="activations_fit"))
+                                "limits.max_batch_size" + (", or raise tp_size" if build.runtime.sharded else ""),
+                                code="activations_fit"))
     elif target.kind == "cpu" and mem.total_bytes > mem.device_bytes:
         problems.append(Problem(where("limits.max_batch_size"), s.limits.max_batch_size,
                                 f"weights + activations + KV ({human_bytes(mem.total_bytes)}) exceed the {dev} "
@@ -479,11 +498,19 @@ def memory_problems(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> 
         field = "serving.max_tokens_in_paged_kv_cache" if capped else "serving.kv_cache_free_gpu_mem_fraction"
         value = s.serving.max_tokens_in_paged_kv_cache if capped else s.serving.kv_cache_free_gpu_mem_fraction
         need = kv.blocks_per_max_seq * kv.tokens_per_block
+        raise_it = capped or fix_choices.can_raise(ServingConfig, "kv_cache_free_gpu_mem_fraction", value)
+        # each choice checked (builders.fix_choices): a fraction at its bound (1.0) is not raised, the memory
+        # around the pool is freed instead; an FP8 KV cache only where the target and the runtime keep one
+        room = ([f"allow >= {need} tokens ({human_bytes(need * kv.bytes_per_token)})"] if raise_it else
+                ["free memory for it (lower limits.max_num_tokens"
+                 + (", raise parallelism.tp_size/pp_size)" if build.runtime.sharded else ")")])
+        fixes = room + ["lower limits.max_seq_len"] + (["use an FP8 KV cache (kv_cache_quant_algo: fp8)"]
+                                                       if fix_choices.fp8_kv_possible(build, target) else [])
         problems.append(Problem(where(field), value,
                                 f"the KV pool holds {kv.capacity_tokens} tokens ({kv.blocks} blocks), less than one "
                                 f"max_seq_len sequence ({need} tokens)",
-                                f"allow >= {need} tokens ({human_bytes(need * kv.bytes_per_token)}), lower "
-                                "limits.max_seq_len, or use an FP8 KV cache", code="kv_pool_one_seq"))
+                                ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1],
+                                code="kv_pool_one_seq"))
     ctx = mem.context_logits_bytes
     left = mem.free_bytes_after_weights_and_activations - kv.pool_bytes
     if ctx and target.kind == "gpu" and mem.free_bytes_after_weights_and_activations > 0 and ctx > left:
@@ -500,7 +527,28 @@ def memory_problems(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> 
     return problems
 
 
-def architecture_problems(build: ResolvedBuild, hf_config: dict, where: str) -> list[Problem]:
+def _weights_fix(build: ResolvedBuild, target: TargetProfile, plan: Plan) -> str:
+    """The weights_fit fix, each choice checked (builders.fix_choices): more tp/pp ranks and a lighter quantization
+    only shrink the weights on an engine runtime (the portable runtime holds the whole dequantized model on one
+    device: there, an engine runtime the target runs is the choice)."""
+    arch = architecture(plan.model.architecture)
+    fixes = []
+    if build.runtime.sharded:
+        fixes.append("raise parallelism.tp_size/pp_size")
+        lighter = fix_choices.quants(build, target, arch, lighter=True)
+        if lighter:
+            fixes.append(f"quantize (quant_algo {' | '.join(lighter)})")
+    else:
+        engines = fix_choices.runtimes(build, target, lambda rt: rt.sharded, arch)
+        if engines:
+            fixes.append(f"use runtime {' | '.join(engines)} (its weights stay quantized and split over tp_size x "
+                         "pp_size GPUs)")
+    fixes.append("pick a target with more memory")
+    return ", ".join(fixes[:-1]) + (", or " if len(fixes) > 1 else "") + fixes[-1]
+
+
+def architecture_problems(build: ResolvedBuild, hf_config: dict, where: str,
+                          target: TargetProfile | None = None) -> list[Problem]:
     """What config.json's family rules out before any weight is read: an architecture the pipeline does not
     know, a config field our rules do not know (a rope type), and a runtime or quantization that cannot build
     this family (plugins.architectures.support, with the runtimes that can)."""
@@ -525,7 +573,7 @@ def architecture_problems(build: ResolvedBuild, hf_config: dict, where: str) -> 
                                     f"{list(arch.rope_types)}; this config.json names {odd[0]!r}", "check the "
                                     "checkpoint, or add the type to its entry in plugins/architectures.py",
                                     code="rope_type"))
-    problems += support_problems(build, arch)
+    problems += support_problems(build, arch, target)
     return problems
 
 
@@ -546,20 +594,34 @@ def remote_code_problems(build: ResolvedBuild, hf_config: dict) -> list[Problem]
                     "use a checkpoint without it", code="remote_code")]
 
 
-def support_problems(build: ResolvedBuild, arch: Architecture) -> list[Problem]:
-    """A Problem when ``build``'s runtime or quantization cannot build ``arch``, naming what can."""
+def support_problems(build: ResolvedBuild, arch: Architecture, target: TargetProfile | None = None) -> list[Problem]:
+    """A Problem when ``build``'s runtime or quantization cannot build ``arch``, naming what can on ``target``
+    (default: the build's): quantizations its SM runs with this runtime, runtimes the target runs
+    (builders.fix_choices)."""
     s, where = build.settings, build.where
     verdict = support(arch, build.runtime, build.recipe)
     if verdict.ok:
         return []
-    quants = [n for n, r in QUANT_RECIPES.items() if support(arch, build.runtime, r).ok]
-    if quants:  # this runtime builds the family, just not with this quantization
+    target = target or get_target(build.target)
+    quants = fix_choices.quants(build, target, arch)
+    if any(support(arch, build.runtime, r).ok for r in QUANT_RECIPES.values()):
+        # this runtime builds the family, just not with this quantization
+        runtimes = [] if quants else fix_choices.runtimes(build, target, arch=arch)
+        fix = (f"use quant_algo: {' | '.join(quants)}" if quants else
+               f"no quantization this runtime builds {arch.family} with runs on '{target.name}': use runtime: "
+               f"{' | '.join(runtimes)}" if runtimes else f"pick another target for {arch.family}")
         return [Problem(where("quantization.quant_algo"), s.quantization.quant_algo, f"{arch.family} with runtime "
-                        f"{s.runtime}: {verdict.reason}", f"use quant_algo: {' | '.join(quants)}", code="family_quant")]
-    fix = (f"use runtime: {' or '.join(verdict.instead)}" if verdict.instead else "no runtime builds it with this "
-           "quantization; change quantization.quant_algo")
+                        f"{s.runtime}: {verdict.reason}", fix, code="family_quant")]
+    instead = [n for n in verdict.instead if fix_choices.runtime_passes(build, target, n, arch)]
+    fix = (f"use runtime: {' or '.join(instead)}" if instead else "no runtime builds it with this "
+           f"quantization on '{target.name}'; change quantization.quant_algo")
     return [Problem(where("runtime"), s.runtime, f"runtime {s.runtime} cannot build {arch.family} ({arch.name}): "
                     f"{verdict.reason}", fix, code="family_runtime")]
+
+
+def _arch_of(hf_config: dict) -> Architecture | None:
+    archs = hf_config.get("architectures") or []
+    return architecture(archs[0] if archs else None)
 
 
 def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128, osl: int = 128,
@@ -575,11 +637,11 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     Raises:
         SpecError: every problem at once.
     """
-    problems = [] if spec_checked else spec_problems(build, target)
+    problems = [] if spec_checked else spec_problems(build, target, _arch_of(hf_config))
     problems += remote_code_problems(build, hf_config)
-    problems += architecture_problems(build, hf_config, str(hf_config.get("_name_or_path", "config.json")))
+    problems += architecture_problems(build, hf_config, str(hf_config.get("_name_or_path", "config.json")), target)
     if not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
-        problems += model_problems(build, hf_config)
+        problems += model_problems(build, hf_config, target)
     draft, draft_source = draft_config(build)
     problems += speculative_model_problems(build, hf_config, draft)
     plan = None

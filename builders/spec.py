@@ -423,15 +423,34 @@ def _model_for_loc(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None
     return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
 
 
-def _problems_from_validation(err: ValidationError, data: Any, model: type[BaseModel], prefix: str) -> list[Problem]:
+def _key_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Dotted path of every key of ``model`` at any level (sections and the keys in them, depth first): where
+    did_you_mean looks for a key written at the wrong level."""
+    out: list[str] = []
+    for name, info in model.model_fields.items():
+        out.append(prefix + name)
+        sub = info.annotation
+        args = getattr(sub, "__args__", None)
+        if args:  # Optional[X] -> X
+            sub = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), sub)
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out += _key_paths(sub, f"{prefix}{name}.")
+    return out
+
+
+def _problems_from_validation(err: ValidationError, data: Any, model: type[BaseModel], prefix: str,
+                              suggest_prefix: str = "") -> list[Problem]:
+    """Problems of a pydantic error; an unknown key's did-you-mean looks at its own level first, then at every
+    key of ``model`` (named by its dotted path, after ``suggest_prefix``: ``targets.<t>.`` in an override)."""
     problems = []
+    everywhere = [suggest_prefix + path for path in _key_paths(model)]
     for e in err.errors():
         loc = tuple(e["loc"])
         field = _loc_to_field(loc, prefix)
         if e["type"] == "extra_forbidden":
             owner = _model_for_loc(model, loc)
             choices = sorted(owner.model_fields) if owner else []
-            hint = did_you_mean(str(loc[-1]), choices)
+            hint = did_you_mean(str(loc[-1]), choices, everywhere)
             problems.append(Problem(
                 field, e.get("input"), f"unknown key '{loc[-1]}'",
                 f"remove it or use a known key.{hint} Known keys here: {', '.join(choices)}",
@@ -485,14 +504,15 @@ def _override_problems(tname: str, override: dict, base: dict) -> list[Problem]:
         if key not in _OVERRIDABLE:
             problems.append(Problem(
                 f"targets.{tname}.{key}", override[key], f"unknown key '{key}' in a target override",
-                f"use one of {', '.join(sorted(_OVERRIDABLE))}.{did_you_mean(key, _OVERRIDABLE)}",
+                f"use one of {', '.join(sorted(_OVERRIDABLE))}."
+                f"{did_you_mean(str(key), _OVERRIDABLE, [f'targets.{tname}.{k}' for k in _key_paths(BuildSettings)])}",
                 code="unknown_key"))
     known = {k: v for k, v in override.items() if k in _OVERRIDABLE}
     merged = _deep_merge(base, known)
     try:
         BuildSettings.model_validate(merged)
     except ValidationError as exc:
-        for p in _problems_from_validation(exc, merged, BuildSettings, ""):
+        for p in _problems_from_validation(exc, merged, BuildSettings, "", f"targets.{tname}."):
             if _has_path(known, tuple(p.field.split("."))):
                 problems.append(Problem(f"targets.{tname}.{p.field}", p.value, p.rule, p.fix, p.code))
     return problems

@@ -4,12 +4,14 @@ A stage folder is ``<root>/<build>/<target>/<stage>/`` with a ``stage.json`` nam
 hash of exactly the inputs that decide its output. The folder is written under a temporary name
 and renamed when complete (plugins.fsutil.atomic_dir), so a folder that exists is a finished
 stage. Temporary folders (``.<stage>.tmp-*``, ``.<stage>.old-*`` holding ``.trtpipe-tmp``) are what a killed
-build left behind: never read, always safe to delete. A folder of that name without the marker is not
-trtpipe's and is left alone.
+build left behind, or what a running build is writing now: ``trtpipe cache list`` tells them apart by the
+build lock (plugins.fsutil.build_lock) and ``trtpipe cache clean`` takes that lock, leaving a folder whose build
+is running alone. A folder of that name without the marker is not trtpipe's and is left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -18,9 +20,10 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from plugins.fsutil import TMP_MARKER, atomic_dir, is_own_temporary, measure, write_failure, write_json
+from plugins.fsutil import (TMP_MARKER, BuildBusy, atomic_dir, build_lock, build_lock_holder, is_own_temporary, measure,
+                            write_failure, write_json)
 
 log = logging.getLogger("trtpipe.cache")
 
@@ -115,7 +118,8 @@ def remove_stale_temps(out: Path) -> None:
 
 @dataclass(frozen=True)
 class CacheEntry:
-    """One finished stage folder (or a temporary folder left by an interrupted build)."""
+    """One finished stage folder, or a temporary folder: left by an interrupted build, or being written by a running
+    one (``building_pid`` set: the pid that holds the folder's build lock, 0 when it has not recorded it yet)."""
 
     build: str
     target: str
@@ -125,16 +129,41 @@ class CacheEntry:
     age_days: float
     size_bytes: int
     temporary: bool = False
+    building_pid: int | None = None
+
+    @property
+    def state(self) -> str:
+        """``"building (pid N)"``, ``"(interrupted)"`` for a temporary folder no build holds, else the stage key."""
+        if self.temporary and self.building_pid is not None:
+            return f"building (pid {self.building_pid or '?'})"
+        return self.key or "(interrupted)"
+
+
+@dataclass
+class CleanResult:
+    """What :func:`clean` removed (or would remove) and the output folders it left alone because a build held them."""
+
+    removed: list[CacheEntry] = field(default_factory=list)
+    busy: list[BuildBusy] = field(default_factory=list)
 
 
 def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+    total = 0
+    for f in path.rglob("*"):
+        try:  # a running build renames and deletes files under us
+            if f.is_file() and not f.is_symlink():
+                total += f.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def entries(root: Path) -> list[CacheEntry]:
-    """Every stage folder and temporary folder under ``root`` (``<build>/<target>/<stage>``)."""
+    """Every stage folder and temporary folder under ``root`` (``<build>/<target>/<stage>``); a temporary folder of
+    an output folder whose build lock is held carries the holder's pid (``building_pid``)."""
     out = []
     now = time.time()
+    holders: dict[Path, BuildBusy | None] = {}
     for leaf in sorted(p for p in Path(root).glob("*/*/*") if p.is_dir()):
         build, target, stage = leaf.parts[-3:]
         marker = leaf / "stage.json"
@@ -143,26 +172,75 @@ def entries(root: Path) -> list[CacheEntry]:
             continue  # that name, but not trtpipe's folder: never listed, never cleaned
         if not (marker.is_file() or temporary):
             continue
-        key = json.loads(marker.read_text()).get("key") if marker.is_file() else None
-        age = (now - leaf.stat().st_mtime) / 86400
-        out.append(CacheEntry(build, target, stage, key, leaf, age, _size(leaf), temporary))
+        try:
+            key = json.loads(marker.read_text()).get("key") if marker.is_file() else None
+            age = (now - leaf.stat().st_mtime) / 86400
+        except FileNotFoundError:
+            continue  # a running build renamed it away between the listing and now
+        pid = None
+        if temporary:
+            if leaf.parent not in holders:
+                holders[leaf.parent] = build_lock_holder(leaf.parent)
+            busy = holders[leaf.parent]
+            pid = None if busy is None else (busy.pid or 0)
+        out.append(CacheEntry(build, target, stage, key, leaf, age, _size(leaf), temporary, pid))
     return out
 
 
+@contextlib.contextmanager
+def _clean_lock(folder: Path) -> Iterator[None]:
+    """``folder``'s build lock, not waiting (raise BuildBusy). A cache that cannot be written (read-only) cannot
+    hold the lock file, and no build runs without writing it: there, only a probe for a holder is made."""
+    try:
+        lock = build_lock(folder, wait=False)
+        lock.__enter__()
+    except OSError:
+        busy = build_lock_holder(folder)
+        if busy is not None:
+            raise busy from None
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+
+
 def clean(root: Path, *, older_than_days: float | None = None, build: str | None = None,
-          dry_run: bool = False) -> list[CacheEntry]:
-    """Delete matching stage folders (and every temporary folder); return what was removed."""
-    removed = []
+          dry_run: bool = False) -> CleanResult:
+    """Delete matching stage folders (and every temporary folder) of the output folders no build is using.
+
+    Each output folder (``<root>/<build>/<target>``) is cleaned holding its build lock (plugins.fsutil.build_lock,
+    without waiting): a running build or deploy keeps its folder, temporary folders included, and a build started
+    meanwhile waits until the deletion is over. A dry run takes no lock but reports the busy folders too.
+    """
+    result = CleanResult()
+    by_folder: dict[Path, list[CacheEntry]] = {}
     for e in entries(root):
         if build is not None and e.build != build:
             continue
         if not e.temporary and older_than_days is not None and e.age_days < older_than_days:
             continue
-        if not dry_run:
-            shutil.rmtree(e.path, ignore_errors=True)
-            manifest = e.path.parent / "manifest.json"
-            if manifest.is_file() and not any((e.path.parent / n / "stage.json").is_file()
-                                              for n in ("checkpoint", "engine", "model_repo", "bundle")):
-                manifest.unlink()
-        removed.append(e)
-    return removed
+        by_folder.setdefault(e.path.parent, []).append(e)
+    for folder, matched in by_folder.items():
+        if dry_run:
+            busy = build_lock_holder(folder)
+            if busy is not None:
+                result.busy.append(busy)
+            else:
+                result.removed += matched
+            continue
+        try:
+            with _clean_lock(folder):
+                for e in matched:
+                    if e.temporary and not is_own_temporary(e.path, "stage.json"):
+                        continue  # renamed into place by a build that finished since the listing
+                    shutil.rmtree(e.path, ignore_errors=True)
+                    result.removed.append(e)
+                manifest = folder / "manifest.json"
+                if manifest.is_file() and not any((folder / n / "stage.json").is_file()
+                                                  for n in ("checkpoint", "engine", "model_repo", "bundle")):
+                    manifest.unlink()
+        except BuildBusy as busy:
+            result.busy.append(busy)
+    return result

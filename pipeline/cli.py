@@ -309,10 +309,13 @@ def cmd_tune(args) -> int:
     from builders import perf_model
     from pipeline import tune
     from pipeline.tune_view import render_tune
+    from plugins.targets import get_target
 
+    if args.gpus is not None and args.gpus < 1:  # 0 is not "the whole node": that is --gpus left out
+        raise SpecError([tune.gpus_problem(args.gpus, get_target(args.target))])
     build, target, hf_config = _plan_inputs(args)
     spec_path = Path(build.spec_path)
-    gpus = args.gpus or target.gpus_per_node
+    gpus = args.gpus if args.gpus is not None else target.gpus_per_node
     slo = tune.Slo(isl=args.isl, osl=args.osl, ttft_ms=args.ttft_ms, tpot_ms=args.tpot_ms)
     out = Path(args.output) if args.output else tune.default_output(spec_path, build.target)
     if out.exists() and not args.force:  # before the search: it takes seconds
@@ -653,17 +656,21 @@ def cmd_cache(args) -> int:
         if not rows:
             print(f"no cached stages under {root}")
             return 0
-        print(f"{'build':<20}{'target':<12}{'stage':<24}{'key':<18}{'age d':>7}{'MiB':>9}")
+        print(f"{'build':<20}{'target':<12}{'stage':<24}{'key':<22}{'age d':>7}{'MiB':>9}")
         for e in rows:
-            print(f"{e.build:<20}{e.target:<12}{e.stage:<24}{(e.key or '(interrupted)'):<18}"
+            print(f"{e.build:<20}{e.target:<12}{e.stage:<24}{e.state:<22}"
                   f"{e.age_days:>7.1f}{e.size_bytes / 2**20:>9.1f}")
         print(f"total {sum(e.size_bytes for e in rows) / 2**20:.1f} MiB in {len(rows)} folders under {root}")
         return 0
-    removed = cache.clean(root, older_than_days=args.older_than, build=args.build_name, dry_run=args.dry_run)
+    result = cache.clean(root, older_than_days=args.older_than, build=args.build_name, dry_run=args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
-    for e in removed:
+    for e in result.removed:
         print(f"{verb} {e.path} ({e.size_bytes / 2**20:.1f} MiB)")
-    print(f"{verb} {len(removed)} folders, {sum(e.size_bytes for e in removed) / 2**20:.1f} MiB")
+    for busy in result.busy:
+        print(f"left {busy.folder} as it is: a running build (pid {busy.pid if busy.pid is not None else '?'}) is "
+              f"using it; clean it again when that build ends")
+    print(f"{verb} {len(result.removed)} folders, {sum(e.size_bytes for e in result.removed) / 2**20:.1f} MiB"
+          + (f"; {len(result.busy)} in use left alone" if result.busy else ""))
     return 0
 
 
@@ -746,8 +753,8 @@ def make_parser() -> argparse.ArgumentParser:
     tn.add_argument("--osl", type=_positive, required=True, help="output length in tokens")
     tn.add_argument("--ttft-ms", type=_positive_float, required=True, help="time-to-first-token target in ms")
     tn.add_argument("--tpot-ms", type=_positive_float, required=True, help="time-per-output-token target in ms")
-    tn.add_argument("--gpus", type=int, default=None, help="GPUs one instance may use (default: the target's "
-                                                          "gpus_per_node)")
+    tn.add_argument("--gpus", type=int, default=None, help="GPUs one instance may use, at least 1 (default: the "
+                                                          "target's gpus_per_node)")
     tn.add_argument("--max-ppl-delta-pct", type=float, default=5.0,
                     help="drop recipes whose measured perplexity delta exceeds this (default 5; from verify.json "
                          "of a build of this file, else the recorded quantization table)")

@@ -36,6 +36,8 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                                  f"{plan.kv_cache_quant_algo or plan.dtype}, dtype {plan.dtype}")
     head.add_row("parallelism", f"tp_size {plan.tp_size} x pp_size {plan.pp_size} = world_size {plan.world_size}")
     head.add_row("limits", ", ".join(f"{k} {v}" for k, v in plan.limits.as_dict().items()))
+    if plan.admission is not None:
+        head.add_row("admission", plan.admission.text())
     sp = plan.speculative
     if sp is not None:
         conc = sp.max_concurrency or "any number of"

@@ -179,6 +179,13 @@ def accuracy_by_recipe(build: ResolvedBuild) -> dict[str, tuple[Optional[float],
     return out
 
 
+def gpus_problem(gpus: int, target: TargetProfile) -> Problem:
+    """The Problem of a GPU count below 1 for ``trtpipe tune --gpus``: one instance needs a GPU."""
+    return Problem("--gpus", gpus, "the GPUs one instance may use (tp_size x pp_size) must be at least 1",
+                   f"pass --gpus N with N >= 1, or leave --gpus out for target {target.name}'s gpus_per_node "
+                   f"({target.gpus_per_node})", code="gpus_count")
+
+
 def search_space(build: ResolvedBuild, target: TargetProfile, plan_shape, gpus: int) -> list[Candidate]:
     """Every candidate: recipes aiconfigurator can model x KV dtype (the build's, and 16-bit) x tp (divisors that
     split the heads) x pp x ep (MoE: 1 or tp) x :data:`BATCH_SIZES` x :data:`MAX_NUM_TOKENS` x :data:`KV_FRACTIONS`,
@@ -205,11 +212,15 @@ def _first_problem(err: SpecError) -> str:
 def tune(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config: dict, slo: Slo, *, gpus: int,
          max_ppl_delta_pct: Optional[float] = DEFAULT_MAX_PPL_DELTA_PCT,
          progress: Optional[Callable[[str, int, int], None]] = None) -> TuneResult:
-    """Search, check, filter, predict and rank (module docstring). ``progress(phase, done, total)``.
+    """Search, check, filter, predict and rank (module docstring). ``progress(phase, done, total)``; ``gpus``: the
+    most GPUs one instance may use (tp x pp), at least 1.
 
     Raises:
+        SpecError: ``gpus`` is below 1 (code ``gpus_count``; before any search).
         PerfModelUnavailable: aiconfigurator is missing or cannot model the build (its reason).
     """
+    if gpus < 1:
+        raise SpecError([gpus_problem(gpus, target)])
     t0 = time.monotonic()
     progress = progress or (lambda *_: None)
     why = perf_model.refusal(build, target, hf_config)

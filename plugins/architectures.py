@@ -107,6 +107,10 @@ class Architecture:
             ``attn_bias``: default true there, false for Qwen3). Filled in by ``builders.quantize``.
         tie_default: ``tie_word_embeddings`` when config.json leaves it out (the HF config class's default:
             True for Gemma 2/3).
+        global_every: with a ``sliding_window`` and neither ``layer_types`` nor ``sliding_window_pattern`` in
+            config.json, every n-th layer attends globally and the others slide, as the HF config class fills in
+            ``layer_types`` (transformers 5.24 ``Gemma2Config``: every 2nd, ``Gemma3TextConfig``: every 6th); 0: every
+            layer slides (Mistral).
         aiconfigurator: NVIDIA aiconfigurator 0.12's performance model has the architecture
             (``aiconfigurator_core/sdk/common.py`` ``ARCHITECTURE_TO_MODEL_FAMILY``; recorded in
             ``tests/facts/aiconfigurator_0_12_0/info.json``): the plan predicts its speed.
@@ -129,6 +133,7 @@ class Architecture:
     norms_per_layer: int = 2
     trtllm_keys: tuple[str, ...] = ()
     tie_default: bool = False
+    global_every: int = 0
     aiconfigurator: bool = False
 
     def linear_shards(self, *, hidden_size: int, heads_rank: int, kv_heads_rank: int, head_dim: int,
@@ -180,11 +185,12 @@ ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
                  trtllm_keys=("qwen_type", "attn_bias"), aiconfigurator=True),
     Architecture("Gemma2ForCausalLM", "Gemma 2", "gemma2", ("hf_unified",), trtllm_build=True, llmapi=False,
                  why_no_trtllm=_NO_TRTLLM_EXPORT.format(d="gemma2"), portable_attention="eager",
-                 rope_types=("default",), tie_default=True, norms_per_layer=4),
+                 rope_types=("default",), tie_default=True, norms_per_layer=4, global_every=2),
     Architecture("Gemma3ForCausalLM", "Gemma 3 (text)", "gemma3", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm="ModelOpt 0.47 refuses the TensorRT-LLM checkpoint for gemma3 (\"not supported by "
                                "TensorRT-LLM yet\"; it names the PyTorch backend)",
-                 qk_norm=True, rope_types=("default", "linear"), tie_default=True, norms_per_layer=4),
+                 qk_norm=True, rope_types=("default", "linear"), tie_default=True, norms_per_layer=4,
+                 global_every=6),
     Architecture("Phi3ForCausalLM", "Phi-3/Phi-4", "phi3", ("hf_unified",), trtllm_build=True, llmapi=True,
                  why_no_trtllm=_NO_TRTLLM_EXPORT.format(d="phi3"), rope_types=("default", "longrope"),
                  hf_fused=("qkv_proj", "gate_up_proj")),

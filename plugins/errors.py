@@ -95,12 +95,42 @@ key that is one of them gets the key it stands for as its did-you-mean, where th
 _ALIAS_OF = {alias: key for key, aliases in KEY_ALIASES.items() for alias in aliases}
 
 
-def did_you_mean(name: str, choices: Iterable[str]) -> str:
-    """Return ``" Did you mean 'x'?"`` for the key ``name`` stands for (:data:`KEY_ALIASES`, when that key is
-    one of ``choices``), else the closest of ``choices`` to ``name``, or ``""``."""
-    choices = list(choices)
-    alias = _ALIAS_OF.get(name.strip().lower().replace("-", "_"))
-    if alias in choices:
-        return f" Did you mean '{alias}'?"
-    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.6)
-    return f" Did you mean '{close[0]}'?" if close else ""
+def _norm(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
+def _best_key(name: str, keys: Iterable[str], cutoff: float) -> tuple[str, float] | None:
+    """The key of ``keys`` that ``name`` is, with a score: the key itself or one of its :data:`KEY_ALIASES` (2.0),
+    else the closest spelling (difflib ratio >= ``cutoff``) of the key or of one of its aliases (a misspelt alias)."""
+    keys = list(keys)
+    norm = _norm(name)
+    if norm in keys:
+        return norm, 2.0
+    alias = _ALIAS_OF.get(norm)
+    if alias in keys:
+        return alias, 2.0
+    spelled = {k: k for k in keys} | {a: k for k in keys for a in KEY_ALIASES.get(k, ())}
+    close = difflib.get_close_matches(norm, list(spelled), n=1, cutoff=cutoff)
+    if not close:
+        return None
+    return spelled[close[0]], difflib.SequenceMatcher(None, norm, close[0]).ratio()
+
+
+def did_you_mean(name: str, choices: Iterable[str], elsewhere: Iterable[str] = ()) -> str:
+    """Return ``" Did you mean 'x'?"`` for the key of ``choices`` that ``name`` stands for, else ``""``.
+
+    Looked for: a key of ``choices`` that ``name`` is (ignoring case and ``-``), stands for
+    (:data:`KEY_ALIASES`), or is a close spelling of (of the key or of one of its aliases: a misspelt
+    ``tensor_paralel_size`` gets ``tp_size``); and the same for the last part of each
+    dotted path of ``elsewhere`` (every key of the spec, at any level), answered with that path where it matches
+    better (exactly, or a closer spelling) than any key here: ``max_batch_size`` or ``max_batch_szie`` under
+    ``serving`` gets ``" Did you mean 'limits.max_batch_size'?"``.
+    """
+    here = _best_key(name, choices, 0.6)
+    by_leaf: dict[str, str] = {}
+    for path in elsewhere:
+        by_leaf.setdefault(path.rsplit(".", 1)[-1], path)
+    there = _best_key(name, by_leaf, 0.7)
+    if there is not None and (here is None or there[1] > here[1]):
+        return f" Did you mean '{by_leaf[there[0]]}'?"
+    return f" Did you mean '{here[0]}'?" if here is not None else ""

@@ -226,36 +226,91 @@ def check_writable(path: Path, what: str) -> None:
                          f"this user write access to {probe}, or {where}", path=path, errno=errno.EACCES)
 
 
+def _lock_path(folder: Path) -> Path:
+    """The lock file of output ``folder``: ``<cache>/locks/<first 16 hex digits of sha256(resolved path)>.lock``."""
+    import hashlib
+
+    name = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
+    return cache_root() / "locks" / f"{name}.lock"
+
+
+class BuildBusy(Exception):
+    """Output ``folder``'s build lock is held by a running build or deploy (:func:`build_lock` with ``wait=False``).
+
+    Attributes:
+        folder: the output folder.
+        pid: the process id the holder recorded in the lock file (``None`` when it has not written it yet).
+    """
+
+    def __init__(self, folder: Path, pid: int | None):
+        super().__init__(f"{folder} is in use by a running build (pid {pid if pid is not None else '?'})")
+        self.folder = Path(folder)
+        self.pid = pid
+
+
+def _recorded_pid(fh) -> int | None:
+    fh.seek(0)
+    text = fh.read().strip()
+    return int(text) if text.isdigit() else None
+
+
+def build_lock_holder(folder: Path) -> BuildBusy | None:
+    """Whether a running build (or deploy) holds output ``folder``'s lock, without taking it for longer than the probe.
+
+    Returns:
+        ``None`` when no process holds it (or it was never taken: no lock file is created), else a
+        :class:`BuildBusy` naming the holder's pid.
+    """
+    import fcntl
+
+    path = _lock_path(folder)
+    try:
+        fh = open(path)
+    except OSError:  # no lock file (never taken), or no cache to hold one: no build holds it
+        return None
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return BuildBusy(folder, _recorded_pid(fh))
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return None
+
+
 @contextlib.contextmanager
-def build_lock(folder: Path) -> Iterator[None]:
+def build_lock(folder: Path, *, wait: bool = True) -> Iterator[None]:
     """Hold an exclusive lock (fcntl) for output ``folder`` for the duration of a build.
 
     A second build of the same output folder waits here (and says so) instead of racing the
-    first one or deleting its temporary folders. The lock file lives in the cache
+    first one or deleting its temporary folders; ``trtpipe cache clean`` takes it with ``wait=False`` and
+    leaves a folder in use alone. The lock file lives in the cache
     (``<cache>/locks/``), so a build that fails its checks leaves nothing in ``folder``; the
-    lock dies with the process that held it.
+    lock dies with the process that held it. The holder's pid is written in it (:func:`build_lock_holder`).
+
+    Raises:
+        BuildBusy: ``wait`` is false and another process holds the lock.
     """
     import fcntl
-    import hashlib
 
-    locks = cache_root() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    name = hashlib.sha256(str(Path(folder).resolve()).encode()).hexdigest()[:16]
-    with open(locks / f"{name}.lock", "a+") as fh:
+    path = _lock_path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
+            pid = _recorded_pid(fh)
+            if not wait:
+                raise BuildBusy(folder, pid) from None
             logging.getLogger("trtpipe").info("another build holds %s (pid %s): waiting for it", folder,
-                                              fh.read().strip() or "?")
+                                              pid if pid is not None else "?")
             fcntl.flock(fh, fcntl.LOCK_EX)
-        try:  # the pid is only for the message above: a full cache disk must not stop the build
+        try:  # the pid is only for messages and `cache list`: a full cache disk must not stop the build
             os.ftruncate(fh.fileno(), 0)
             os.write(fh.fileno(), str(os.getpid()).encode())
         except OSError as exc:
             logging.getLogger("trtpipe").warning(
                 "could not record this build's pid in %s (%s): going on without it. Fix: free space there, or set "
-                "TRTPIPE_CACHE to a folder on another disk", locks / f"{name}.lock", exc.strerror or exc)
+                "TRTPIPE_CACHE to a folder on another disk", path, exc.strerror or exc)
         try:
             yield
         finally:

@@ -44,10 +44,44 @@ def fp8_context_fmha_refusal(quant: QuantRecipe, sm: Optional[int]) -> Optional[
     return None
 
 
+def sm_refusals(quant: QuantRecipe, sm: Optional[int], *, trtllm_build: bool = True) -> list[str]:
+    """The codes of the SM gates ``quant`` fails on ``sm`` (None: a CPU plan, nothing is gated), without their
+    messages: ``fp8_sm`` (FP8 compute below SM 89), ``nvfp4_sm`` (FP4 below SM 100), ``int4_sm100`` (INT4/INT8
+    weight-only and SmoothQuant, which trtllm-build 1.2 refuses on SM 100-119)."""
+    if sm is None:
+        return []
+    codes = []
+    if quant.fp8_compute and sm < SM_FP8_MIN:
+        codes.append("fp8_sm")
+    if quant.fp4_compute and sm < SM_FP4_MIN:
+        codes.append("nvfp4_sm")
+    if trtllm_build and quant.int_weight_gemm and sm in SM_INT4_WO_REFUSED:
+        codes.append("int4_sm100")
+    return codes
+
+
+def recipes_for_sm(sm: Optional[int], *, trtllm_build: bool = True, exclude: tuple[str, ...] = ()) -> list[str]:
+    """The quantization recipes (plugins.recipes keys, registry order) that pass every SM gate on ``sm``
+    (:func:`sm_refusals`), less ``exclude``: the only recipes a fix for an SM refusal may name."""
+    from plugins.recipes import QUANT_RECIPES
+
+    return [n for n, r in QUANT_RECIPES.items()
+            if n not in exclude and not sm_refusals(r, sm, trtllm_build=trtllm_build)]
+
+
+def _quants_fix(sm: int, trtllm_build: bool, current: str, *, or_else: str,
+                allowed: Optional[tuple[str, ...]] = None) -> str:
+    ok = [q for q in recipes_for_sm(sm, trtllm_build=trtllm_build, exclude=(current,))
+          if allowed is None or q in allowed]
+    return (f"use quant_algo {' | '.join(ok)} (what SM {sm} runs), or " if ok else "") + or_else
+
+
 def hardware_problems(quant: QuantRecipe, kv_cache_quant_algo: Optional[str], sm: Optional[int], *,
                       use_fp8_context_fmha: Optional[bool] = None, trtllm_build: bool = True,
-                      where: Callable[[str], str] = str) -> list[Problem]:
-    """The SM gates, each rule once, for the rules (builders.preflight) and the resolver.
+                      where: Callable[[str], str] = str, runtimes: tuple[str, ...] = (),
+                      quants: Optional[tuple[str, ...]] = None) -> list[Problem]:
+    """The SM gates, each rule once, for the rules (builders.preflight) and the resolver. A fix that names
+    quantizations names only those that pass these same gates on ``sm`` (:func:`recipes_for_sm`).
 
     Args:
         quant: the recipe.
@@ -56,10 +90,14 @@ def hardware_problems(quant: QuantRecipe, kv_cache_quant_algo: Optional[str], sm
         use_fp8_context_fmha: the spec's choice; True is checked against the kernels that exist.
         trtllm_build: the engine is built by trtllm-build (its SM 100-119 refusal applies).
         where: maps a dotted spec field to the YAML field that set it (``targets.<t>.`` for an override).
+        runtimes: runtimes the target runs that build no trtllm-build engine (plugins.runtimes names): the
+            ``int4_sm100`` fix names them (none given: it names none).
+        quants: the recipes a fix may name beyond the SM gates (builders.fix_choices.quants: those the runtime
+            builds the model's family with); None: any that passes the gates.
 
     Returns:
-        Problems with codes ``fp8_sm``, ``fp8_kv_sm``, ``int4_sm100``, ``fp8_context_fmha_needs_fp8`` and
-        ``fp8_context_fmha_sm``.
+        Problems with codes ``fp8_sm``, ``fp8_kv_sm``, ``int4_sm100``, ``nvfp4_sm``, ``fp8_context_fmha_needs_fp8``
+        and ``fp8_context_fmha_sm``.
     """
     problems: list[Problem] = []
     if use_fp8_context_fmha and (refusal := fp8_context_fmha_refusal(quant, sm)) is not None:
@@ -69,25 +107,31 @@ def hardware_problems(quant: QuantRecipe, kv_cache_quant_algo: Optional[str], sm
                                 else "fp8_context_fmha_needs_fp8"))
     if sm is None:
         return problems
-    if quant.fp8_compute and sm < SM_FP8_MIN:
+    refused = sm_refusals(quant, sm, trtllm_build=trtllm_build)
+    if "fp8_sm" in refused:
         problems.append(Problem(where("quantization.quant_algo"), quant.name,
                                 f"{quant.quant_algo} needs FP8 tensor cores (SM >= {SM_FP8_MIN}); the target is SM {sm}",
-                                "use int4_awq or int8_sq, or an Ada/Hopper/Blackwell target (l4, l40s, h100, h200, "
-                                "b200)", code="fp8_sm"))
+                                _quants_fix(sm, trtllm_build, quant.name, or_else="an Ada/Hopper/Blackwell target "
+                                            "(l4, l40s, h100, h200, b200)", allowed=quants), code="fp8_sm"))
     if kv_cache_quant_algo == "fp8" and sm < SM_FP8_MIN:
         problems.append(Problem(where("quantization.kv_cache_quant_algo"), "fp8",
                                 f"an FP8 KV cache needs SM >= {SM_FP8_MIN}; the target is SM {sm}",
                                 "set quantization.kv_cache_quant_algo: null, or pick an SM >= 89 target",
                                 code="fp8_kv_sm"))
-    if quant.fp4_compute and sm < SM_FP4_MIN:
+    if "nvfp4_sm" in refused:
         problems.append(Problem(where("quantization.quant_algo"), quant.name,
                                 f"{quant.quant_algo} needs FP4 tensor cores (SM >= {SM_FP4_MIN}, Blackwell); the target is "
-                                f"SM {sm}", "use fp8 on Ada/Hopper, or a Blackwell target (b200)", code="nvfp4_sm"))
-    if trtllm_build and quant.int_weight_gemm and sm in SM_INT4_WO_REFUSED:
+                                f"SM {sm}", _quants_fix(sm, trtllm_build, quant.name, or_else="a Blackwell target (b200)",
+                                                                allowed=quants),
+                                code="nvfp4_sm"))
+    if "int4_sm100" in refused:
+        instead = [r for r in runtimes if r == "trtllm-llmapi"]  # the LLM API's PyTorch backend runs them on SM 100
         problems.append(Problem(where("quantization.quant_algo"), quant.name,
                                 f"trtllm-build 1.2 refuses INT4/INT8 weight-only and SmoothQuant engines "
                                 f"({quant.quant_algo}) on SM 100-119 (\"not supported on SM>=100\"); the target is "
-                                f"SM {sm}", "use quant_algo fp8 (or w4a8_awq) on Blackwell, or runtime trtllm-llmapi",
+                                f"SM {sm}", _quants_fix(sm, trtllm_build, quant.name, or_else=(
+                                    f"runtime {' | '.join(instead)}" if instead else "a target below SM 100"),
+                                    allowed=quants),
                                 code="int4_sm100"))
     return problems
 

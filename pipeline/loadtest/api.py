@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 from plugins.errors import PipelineError
 from pipeline.loadtest.config import LoadTestConfig
-from pipeline.loadtest.metrics import summarize
+from pipeline.loadtest.metrics import admission_refusals, summarize
 from pipeline.loadtest.runner import CONNECTION_KINDS, ProcPlan, run_procs
 from pipeline.loadtest.schedule import arrival_offsets
 from pipeline.loadtest.server_metrics import Sampler
@@ -257,6 +257,10 @@ def run_loadtest(cfg: LoadTestConfig, *, manifest: dict | None = None) -> dict:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t = time.monotonic()
     points = [run_point(cfg, pt, k, tokenizer, inputs, constraint) for k, pt in enumerate(cfg.points())]
+    for p in points:  # requests refused by the server's admission limit: say which limit
+        refused = admission_refusals(p, manifest)
+        if refused:
+            p["admission_refusals"] = refused
     return {"tool": "trtpipe loadtest", "date": started, "wall_s": time.monotonic() - t,
             "host": {"platform": platform.platform(), "python": platform.python_version(),
                      "cpus": os.cpu_count()},
@@ -270,7 +274,8 @@ def run_loadtest(cfg: LoadTestConfig, *, manifest: dict | None = None) -> dict:
 
 def verdict(cfg: LoadTestConfig, points: list[dict]) -> dict:
     """SLO verdict over every point, and the invalid points; passes when no point missed an SLO (trivially when
-    none was given) and none is invalid."""
+    none was given) and none is invalid. ``refused_as_overloaded``: point -> why its requests were refused by the
+    server's admission limit (metrics.admission_refusals), for the points where some were."""
     invalid = [k for k, p in enumerate(points) if not p["validity"]["valid"]]
     missed = []
     if cfg.slo.given:
@@ -278,5 +283,6 @@ def verdict(cfg: LoadTestConfig, points: list[dict]) -> dict:
             frac = p["summary"]["goodput"]["fraction"]
             if frac is None or math.isnan(frac) or frac < cfg.slo_attainment:
                 missed.append(k)
+    refused = {k: p["admission_refusals"]["why"] for k, p in enumerate(points) if p.get("admission_refusals")}
     return {"slo_given": cfg.slo.given, "slo_attainment": cfg.slo_attainment, "slo_missed_points": missed,
-            "invalid_points": invalid, "passed": not missed and not invalid}
+            "invalid_points": invalid, "refused_as_overloaded": refused, "passed": not missed and not invalid}

@@ -264,3 +264,35 @@ def achieved_lengths(ok: list[RequestRecord]) -> dict:
     return {"n": len(asked), "exact": exact, "exact_fraction": exact / len(asked),
             "short": sum(1 for r in asked if r.output_tokens < r.requested_tokens),
             "achieved_over_requested": dist(ratios)}
+
+
+def admission_refusals(point: dict, manifest: dict | None = None) -> dict | None:
+    """Why requests of ``point`` (a report point) were refused as overloaded, or None when none was.
+
+    Names the limit that refused them: the build's admission capacity (builders.admission: limits.max_batch_size in
+    flight + serving.max_queue_size queued, from the manifest's settings) or, without a manifest (``--url``), the
+    server's own words. Returns ``{"refused", "of", "capacity", "why"}`` (capacity: None when unknown or unlimited).
+    """
+    from builders.admission import admission_plan
+
+    req = point["summary"]["requests"]
+    n = (req.get("errors_by_kind") or {}).get("overloaded", 0)
+    if not n:
+        return None
+    p = point["point"]
+    closed = p["mode"] == "closed"
+    load = f"{p['concurrency']} concurrent streams" if closed else f"{p['rate']:g} req/s offered"
+    settings = (manifest or {}).get("settings") or {}
+    capacity = None
+    if isinstance(settings.get("limits"), dict) and isinstance(settings.get("serving"), dict):
+        adm = admission_plan(settings["limits"]["max_batch_size"], settings["serving"].get("max_queue_size", 0))
+        capacity = adm.capacity
+        limit = f"the build admits {adm.text()}"
+        if capacity is not None and closed and p["concurrency"] > capacity:
+            limit += f"; {p['concurrency']} streams exceed those {capacity}"
+    else:
+        words = next((r["error"] for r in point.get("requests", []) if r.get("error_kind") == "overloaded"), "")
+        limit = f"the server's admission limit refused them (its words: {(words or '?')[:200]})"
+    return {"refused": n, "of": req["measured"], "capacity": capacity,
+            "why": f"{n} of {req['measured']} requests refused as overloaded at {load}: {limit}"}
+

@@ -102,6 +102,8 @@ def format_summary(report: dict) -> str:
     if report.get("tokenizer"):
         text += f"\ninput tokens counted by: {report['tokenizer']}"
     notes = [f"point {k}: INVALID: {r}" for k, p in enumerate(report["points"]) for r in p["validity"]["reasons"]]
+    notes += [f"point {k}: {p['admission_refusals']['why']}" for k, p in enumerate(report["points"])
+              if p.get("admission_refusals")]
     if any("p99_note" in p["summary"]["ttft_s"] for p in report["points"]):
         notes.append("* p99 from fewer than 100 samples: not reliable")
     return text + ("\n" + "\n".join(notes) if notes else "")

@@ -45,7 +45,9 @@ def test_gemma2_has_only_the_portable_runtime(tmp_path):
 def test_moe_int4_is_refused_naming_the_quantizations_that_work(tmp_path):
     p = _problems(_spec(tmp_path, quant="int4_awq"), hf_config("mixtral-8x7b"))["family_quant"]
     assert p.field == "quantization.quant_algo" and p.value == "int4_awq"
-    assert "fused experts" in p.rule and p.fix == "use quant_algo: none | fp8 | int8_sq | nvfp4"
+    assert "fused experts" in p.rule and p.fix == "use quant_algo: none | fp8 | int8_sq"  # H100 has no FP4
+    b200 = _problems(_spec(tmp_path, quant="int4_awq", target="b200"), hf_config("mixtral-8x7b"), "b200")
+    assert b200["family_quant"].fix == "use quant_algo: none | fp8 | int8_sq | nvfp4"
 
 
 def test_experts_not_divisible_by_moe_ep_size(tmp_path):

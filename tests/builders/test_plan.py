@@ -289,3 +289,27 @@ def test_cli_plan_runtime_settings_fit_a_narrow_terminal(monkeypatch, capsys):
     for name, value, reason in PORTABLE_RUNTIME_CHOICES:
         assert any(line.startswith(f"  {name}: {reason.split()[0]}") for line in lines), name
         assert any(f"│ {name} " in line for line in lines), name
+
+
+def test_the_plan_states_the_admission_capacity(tmp_path, capsys, monkeypatch):
+    """The default build admits limits.max_batch_size in flight + serving.max_queue_size queued; `trtpipe plan`
+    says so, and that more are refused as overloaded. With max_queue_size 0 there is no limit to state."""
+    from pipeline.cli import main
+
+    monkeypatch.setenv("COLUMNS", "400")  # the table's cell on one line
+    spec = ROOT / "configs/builds/smollm2-135m.yaml"
+    build = load_spec(spec, "cpu")
+    lim, sv = build.settings.limits, build.settings.serving
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(spec), "--target", "cpu", "--output", str(out)]) == 0
+    admission = json.loads(out.read_text())["admission"]
+    assert admission == {"in_flight": lim.max_batch_size, "queued": sv.max_queue_size,
+                         "capacity": lim.max_batch_size + sv.max_queue_size}
+    text = " ".join(capsys.readouterr().out.split())
+    assert (f"{lim.max_batch_size} in flight (limits.max_batch_size) + {sv.max_queue_size} queued "
+            f"(serving.max_queue_size) = {lim.max_batch_size + sv.max_queue_size} requests at once; more concurrent "
+            "requests are refused as overloaded") in text
+    unbounded = build.settings.model_copy(update={"serving": sv.model_copy(update={"max_queue_size": 0})})
+    from tests.conftest import hf_config
+    plan = compute_plan(build.model_copy(update={"settings": unbounded}), get_target("cpu"), hf_config("smollm2-135m"))
+    assert plan.admission.capacity is None and "none is refused as overloaded" in plan.admission.text()

@@ -108,3 +108,62 @@ def test_every_warning_has_a_case_and_a_unique_code():
         assert [text for _, text in found] == plan.warnings
         seen |= {code for code, _ in found}
     assert seen == set(codes), set(codes) - seen
+
+
+def _transformers_sliding_layers(cfg: dict) -> int:
+    """How many layers transformers' own config class makes sliding-window layers (its layer_types, filled in
+    from its defaults when config.json has none: what the portable runtime's continuous batching groups by)."""
+    from transformers import AutoConfig
+
+    kw = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    model_type = kw.pop("model_type")
+    conf = AutoConfig.for_model(model_type, **kw)
+    return list(conf.layer_types).count("sliding_attention")
+
+
+def test_sliding_layers_are_those_transformers_makes_sliding():
+    """Gemma 2's config.json (no layer_types) alternates sliding and global layers: 21 of 42 slide, not all 42."""
+    from builders.model_shape import ModelShape
+
+    for asset in ("gemma-2-9b", "gemma-3-1b"):
+        cfg = hf_config(asset)
+        shape = ModelShape.from_hf_config(cfg)
+        assert shape.sliding_layers == _transformers_sliding_layers(cfg), asset
+    assert ModelShape.from_hf_config(hf_config("gemma-2-9b")).sliding_layers == 21
+
+
+def test_the_portable_runtime_says_what_it_does_with_the_window():
+    """Gemma 2 on the portable runtime: the plan says the window is honoured (transformers' continuous batching keeps
+    sliding layers' KV in a ring buffer of the window) and that its KV figures are an upper bound past the window;
+    a model without a window gets no such warning."""
+    build, cfg = _made()["gemma2-pytorch-cpu"]
+    long = build.model_copy(update={"settings": build.settings.model_copy(update={
+        "limits": build.settings.limits.model_copy(update={"max_input_len": 6000, "max_seq_len": 8192})})})
+    found = dict(plan_warnings(PlanFacts(_plan(long, cfg), long, get_target("cpu"), cfg)))
+    text = found["portable_sliding_window"]
+    assert text.startswith("21 of 42 layers use a 4096-token sliding window, and the portable runtime honours it")
+    assert "upper bound" in text
+    short = dict(plan_warnings(PlanFacts(_plan(build, cfg), build, get_target("cpu"), cfg)))
+    assert "upper bound" not in short["portable_sliding_window"]
+    smol, smol_cfg = _made()["trust-remote-code-no-code-cpu"]
+    assert "portable_sliding_window" not in dict(plan_warnings(PlanFacts(_plan(smol, smol_cfg), smol,
+                                                                         get_target("cpu"), smol_cfg)))
+
+
+def test_headroom_and_kv_fixes_name_only_what_the_target_runs():
+    """On an A10 (SM 86: no FP8) an engine build nearly out of memory is told to quantize with recipes the A10 runs
+    (int4_awq, int8_sq...), never fp8; a KV-bound one is not told to use an FP8 KV cache, and with the KV fraction
+    at its maximum (1.0) not to raise it."""
+    settings = {"runtime": "trtllm", "dtype": "bfloat16", "quantization": {"quant_algo": "none"},
+                "limits": {"max_batch_size": 256, "max_input_len": 4096, "max_seq_len": 8192,
+                           "max_num_tokens": 8192}, "serving": {"kv_cache_free_gpu_mem_fraction": 1.0}}
+    build = ResolvedBuild(name="t", target="a10", spec_path="<test>", model=ModelSource(),
+                          settings=BuildSettings.model_validate(settings))
+    cfg = {**hf_config("llama-3-8b"), "num_hidden_layers": 42}
+    found = dict(plan_warnings(PlanFacts(_plan(build, cfg), build, get_target("a10"), cfg)))
+    headroom = found["memory_headroom"]
+    assert "quantize (quant_algo int4_awq | int4_rtn | int8_sq)" in headroom and "fp8" not in headroom, headroom
+    kv = found["kv_bound_max_seq_len"]
+    assert "FP8" not in kv and "raise serving.kv_cache_free_gpu_mem_fraction" not in kv, kv
+    assert kv.endswith("fix: use more tp/pp ranks, or lower limits.max_batch_size to "
+                       f"{_plan(build, cfg).memory.kv.max_seq_len_sequences} or limits.max_seq_len")

@@ -100,3 +100,31 @@ def test_incomplete_model_folder_lists_what_is_missing(tmp_path):
     with pytest.raises(SpecError) as err:
         resolve_source(b.model.source)
     assert "model.source" in str(err.value) and "safetensors" in str(err.value)
+
+
+MISPLACED = [  # (YAML, the field named, the did-you-mean)
+    ("parallelism: {tensor_paralel_size: 2}", "parallelism.tensor_paralel_size", "tp_size"),  # a misspelt alias
+    ("limits: {max_modle_len: 4096}", "limits.max_modle_len", "max_seq_len"),  # vLLM's max_model_len, misspelt
+    ("limits: {max_batch_tokns: 4096}", "limits.max_batch_tokns", "max_num_tokens"),
+    ("max_batch_size: 16", "max_batch_size", "limits.max_batch_size"),  # a known key at the wrong level
+    ("serving: {max_batch_szie: 16}", "serving.max_batch_szie", "limits.max_batch_size"),  # ... and misspelt
+    ("limits: {kv_cache_free_gpu_mem_fractoin: 0.8}", "limits.kv_cache_free_gpu_mem_fractoin",
+     "serving.kv_cache_free_gpu_mem_fraction"),
+    ("parallelism: {max_model_len: 4096}", "parallelism.max_model_len", "limits.max_seq_len"),  # alias, wrong level
+    ("quantization: {seq_len: 512}", "quantization.seq_len", "quantization.calibration.seq_len"),
+    ("targets: {cpu: {max_batch_size: 16}}", "targets.cpu.max_batch_size", "targets.cpu.limits.max_batch_size"),
+    ("targets: {cpu: {limits: {tensor_parallel_size: 2}}}", "targets.cpu.limits.tensor_parallel_size",
+     "targets.cpu.parallelism.tp_size"),
+]
+
+
+@pytest.mark.parametrize("yaml_text,field,hint", MISPLACED, ids=[f for _, f, _ in MISPLACED])
+def test_misspelt_alias_or_key_at_another_level_gets_a_did_you_mean(tmp_path, yaml_text, field, hint):
+    """An unknown key gets the key it stands for: a misspelling of one of its other tools' names (KEY_ALIASES), or
+    a key of another section (named by its path), not just the list of this section's keys."""
+    p = _write(tmp_path, f"name: t\n{yaml_text}\n")
+    with pytest.raises(SpecError) as err:
+        load_spec(p, "cpu")
+    (problem,) = err.value.problems
+    assert (problem.field, problem.code) == (field, "unknown_key")
+    assert f"Did you mean '{hint}'?" in problem.fix, problem.fix

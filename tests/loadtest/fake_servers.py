@@ -30,12 +30,15 @@ class OpenAIStub:
     After ``good`` completions, every later one does ``then``: ``"close"`` (read the request, close without an
     answer), ``"cut"`` (the headers and one event, then close: no ``[DONE]``) or ``"refuse"`` (stop listening, so
     later connections are refused). ``service_s``: seconds each completion takes, one at a time (a server with
-    ``1 / service_s`` requests/s of capacity). Runs in a subprocess (its CPU time is not the client's); the
+    ``1 / service_s`` requests/s of capacity). ``admit``: completions held at once (in service or waiting for it)
+    before more are refused at once with 503 ``overloaded``, as the portable runtime words its max_queue_size
+    refusal (0: no limit). Runs in a subprocess (its CPU time is not the client's); the
     context manager yields nothing, ``url`` is its base URL.
     """
 
-    def __init__(self, good: int = 10**9, then: str = "close", service_s: float = 0.0):
-        self.good, self.then, self.service_s = good, then, service_s
+    def __init__(self, good: int = 10**9, then: str = "close", service_s: float = 0.0, admit: int = 0):
+        self.good, self.then, self.service_s, self.admit = good, then, service_s, admit
+        self.held = 0
         self.completions = 0
         self.port = _free_port()
         self.proc = None
@@ -45,7 +48,8 @@ class OpenAIStub:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> "OpenAIStub":
-        self.proc = _start([str(self.port), "openai", str(self.good), self.then, str(self.service_s)], self.port)
+        self.proc = _start([str(self.port), "openai", str(self.good), self.then, str(self.service_s),
+                            str(self.admit)], self.port)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -77,8 +81,19 @@ class OpenAIStub:
                     self.server.close()
                 return
             tokens = int(json.loads(body).get("max_tokens", 1))
-            async with self.lock:
-                await asyncio.sleep(self.service_s)
+            if self.admit and self.held >= self.admit:
+                data = json.dumps({"error": {"message": f"overloaded: {self.held - 1} requests wait for a batch slot "
+                                             f"and serving.max_queue_size is {self.admit - 1}: retry later",
+                                             "type": "server_error", "code": "overloaded"}}).encode()
+                writer.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                             b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+                return
+            self.held += 1
+            try:
+                async with self.lock:
+                    await asyncio.sleep(self.service_s)
+            finally:
+                self.held -= 1
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n")
             for k in range(tokens):
                 writer.write(b"data: " + json.dumps({"choices": [{"index": 0, "text": f"t{k} "}]}).encode() + b"\n\n")
@@ -180,6 +195,6 @@ if __name__ == "__main__":
     if sys.argv[2] == "triton":
         _serve_triton(int(sys.argv[1]), int(sys.argv[3]))
     else:
-        stub = OpenAIStub(int(sys.argv[3]), sys.argv[4], float(sys.argv[5]))
+        stub = OpenAIStub(int(sys.argv[3]), sys.argv[4], float(sys.argv[5]), int(sys.argv[6]))
         stub.port = int(sys.argv[1])
         asyncio.run(stub.serve())

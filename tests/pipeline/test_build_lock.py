@@ -56,3 +56,72 @@ def test_other_folders_do_not_wait(tmp_path, monkeypatch):
         assert obtained, "folder b's lock was not obtained while folder a's was held: one lock for every folder"
         assert p.exitcode == 0
     assert len(list((tmp_path / "cache" / "locks").glob("*.lock"))) == 2  # one lock file per folder
+
+
+def _building(leaf: str, started, finish) -> None:
+    """A build of output folder ``leaf`` (its lock held as pipeline.build holds it) stopped mid-stage."""
+    from pipeline.cache import run_stage
+
+    def produce(tmp: Path) -> dict:
+        (tmp / "rank0.safetensors").write_bytes(b"x" * 4096)
+        started.set()
+        finish.wait(60)
+        return {}
+
+    with build_lock(Path(leaf)):
+        run_stage("engine", Path(leaf) / "engine", "k1", produce)
+
+
+def test_cache_list_and_clean_leave_a_running_build_alone(tmp_path, monkeypatch, capsys):
+    """While a build writes ``.engine.tmp-*`` in its output folder, ``trtpipe cache list`` shows that folder as
+    building with the build's pid (an interrupted build's folder elsewhere as interrupted), and ``trtpipe cache
+    clean`` leaves it alone, naming the folder and the pid, while it removes the interrupted one; the build then
+    completes its stage."""
+    from pipeline.cli import main
+    from plugins.fsutil import TMP_MARKER
+
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
+    root = tmp_path / "build"
+    live, dead = root / "tiny" / "cpu", root / "tiny" / "gpu"
+    left = dead / ".engine.tmp-dead"  # what a killed build leaves: the marker, no lock held
+    left.mkdir(parents=True)
+    (left / TMP_MARKER).write_text("")
+    ctx = mp.get_context("fork")
+    started, finish = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_building, args=(str(live), started, finish))
+    p.start()
+    try:
+        assert started.wait(60)
+        (tmp,) = live.glob(".engine.tmp-*")
+        assert main(["cache", "list", "--out", str(root)]) == 0
+        rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny ")}
+        assert f"building (pid {p.pid})" in rows["cpu"], rows
+        assert "(interrupted)" in rows["gpu"] and "building" not in rows["gpu"], rows
+
+        assert main(["cache", "clean", "--out", str(root)]) == 0
+        out = capsys.readouterr().out
+        assert tmp.is_dir() and (tmp / "rank0.safetensors").is_file(), "cache clean deleted a running build's folder"
+        assert f"left {live} as it is: a running build (pid {p.pid})" in out, out
+        assert not left.exists() and f"removed {left}" in out, out
+    finally:
+        finish.set()
+        p.join(60)
+    assert p.exitcode == 0
+    assert (live / "engine" / "stage.json").is_file() and not list(live.glob(".engine.tmp-*"))
+    assert main(["cache", "clean", "--out", str(root)]) == 0  # the build over, its folder is cleaned
+    assert not (live / "engine").exists()
+
+
+def test_cache_clean_works_where_no_lock_file_can_be_written(tmp_path, monkeypatch, capsys):
+    """A cache that cannot hold lock files (here a file stands where it would be) holds no build's lock either:
+    ``trtpipe cache clean`` still cleans, instead of failing on the lock."""
+    from pipeline.cli import main
+    from plugins.fsutil import TMP_MARKER
+
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "not-a-folder" / "cache"))
+    left = tmp_path / "build" / "tiny" / "cpu" / ".engine.tmp-dead"
+    left.mkdir(parents=True)
+    (left / TMP_MARKER).write_text("")
+    assert main(["cache", "clean", "--out", str(tmp_path / "build")]) == 0
+    assert not left.exists() and f"removed {left}" in capsys.readouterr().out

@@ -160,3 +160,22 @@ def test_gemm_to_recipe_is_the_recipe_registry_inverted():
     """Derived from plugins.recipes (first recipe wins a shared mode): the map tune.py once wrote by hand."""
     assert tune.GEMM_TO_RECIPE == {"bfloat16": "none", "fp8_static": "fp8", "fp8": "fp8", "int4_wo": "int4_awq",
                                    "sq": "int8_sq", "nvfp4": "nvfp4"}
+
+
+@pytest.mark.parametrize("gpus", ["0", "-2"])
+def test_a_gpu_count_below_one_is_refused_before_the_search(env, tmp_path, gpus):
+    """--gpus 0 is not "a whole node" (that is --gpus left out) and a negative count is not "none": both are refused
+    naming the flag, the value and the fix, and nothing is written."""
+    out = tmp_path / "tuned.yaml"
+    r = _cli("--ttft-ms", "500", "--tpot-ms", "20", "--gpus", gpus, "--output", str(out), env_home=env)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert f"--gpus = {int(gpus)}: the GPUs one instance may use (tp_size x pp_size) must be at least 1" in r.stderr
+    assert "leave --gpus out for target h200's gpus_per_node (8)" in r.stderr
+    assert "candidates" not in r.stdout and not out.exists()
+
+
+def test_tune_refuses_a_gpu_count_below_one(env):
+    build, target = load_spec(LLAMA, "h200"), get_target("h200")
+    with pytest.raises(tune.SpecError) as err:
+        tune.tune(LLAMA, build, target, hf_config("llama-3-8b"), SLO, gpus=0)
+    assert err.value.codes() == ["gpus_count"]

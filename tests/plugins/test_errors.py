@@ -33,3 +33,22 @@ def test_every_alias_names_a_spec_key_and_is_not_one():
     assert set(KEY_ALIASES) <= keys
     aliases = [a for names in KEY_ALIASES.values() for a in names]
     assert len(aliases) == len(set(aliases)) and not set(aliases) & keys
+
+
+@pytest.mark.parametrize("name,choices,expected", [
+    ("tensor_paralel_size", ParallelismConfig.model_fields, "tp_size"),  # an alias, misspelt
+    ("pipline_parallel_size", ParallelismConfig.model_fields, "pp_size"),
+    ("kv_cache_dtyp", QuantizationConfig.model_fields, "kv_cache_quant_algo"),
+])
+def test_a_misspelt_alias_gets_its_key(name, choices, expected):
+    assert did_you_mean(name, choices) == f" Did you mean '{expected}'?"
+
+
+def test_a_key_of_another_level_is_named_by_its_path_where_it_matches_better():
+    everywhere = ["parallelism.tp_size", "limits.max_batch_size", "serving.triton_max_batch_size"]
+    serving = ["triton_max_batch_size", "streaming"]
+    assert did_you_mean("max_batch_size", serving, everywhere) == " Did you mean 'limits.max_batch_size'?"
+    assert did_you_mean("max_batch_szie", serving, everywhere) == " Did you mean 'limits.max_batch_size'?"
+    assert did_you_mean("triton_max_batch_sise", serving, everywhere) == " Did you mean 'triton_max_batch_size'?"
+    assert did_you_mean("tp", LimitsConfig.model_fields, everywhere) == " Did you mean 'parallelism.tp_size'?"
+    assert did_you_mean("colour", serving, everywhere) == ""
