@@ -234,3 +234,26 @@ def checkpoint_problems(folder: Path, *, trust_remote_code: bool = False,
                                 f"saved with, or {FIX}", code="checkpoint_shape"))
     return problems
 
+
+def refuse_missing(info: dict, hf_dir: Path, stage: str) -> None:
+    """Raise StageError when transformers loaded ``hf_dir`` with missing keys (``info``: the loading report of
+    ``from_pretrained(..., output_loading_info=True)``): those weights are random, and a stage that goes on
+    quantizes or scores noise. ``stage`` names the stage in the message."""
+    from plugins.errors import StageError
+
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise StageError(f"the {stage} stage loaded the source checkpoint {hf_dir} with {len(missing)} tensors "
+                         f"missing, which transformers initialised at random: {_names(missing)}. Fix: {FIX}")
+
+
+def load_source_model(hf_dir: Path, dtype, *, trust_remote_code: bool, stage: str):
+    """``AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype)`` (a torch dtype, CPU), refused with
+    :func:`refuse_missing` when a tensor of the model was not in the files (``trust_remote_code``:
+    ``model.trust_remote_code``)."""
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, trust_remote_code=trust_remote_code,
+                                                       output_loading_info=True)
+    refuse_missing(info, Path(hf_dir), stage)
+    return model

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from builders.source_tensors import checkpoint_problems, read_headers
-from plugins.errors import SpecError
+from plugins.errors import SpecError, StageError
 from tests.conftest import tiny_llama_model
 from tests.families import FAMILIES, SHORT, save_tiny, tiny_model
 
@@ -177,3 +177,28 @@ def test_the_build_refuses_before_any_stage(tmp_path, tiny_llama, case):
     assert exc.value.codes() == codes
     assert not (tmp_path / "out" / "tiny" / "cpu" / "checkpoint").exists()
     assert main(["build", str(spec), "--target", "cpu", "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+
+
+# --- the stages that load the source refuse missing keys themselves ----------------------------------------------
+
+def test_the_checkpoint_stage_load_refuses_missing_keys(tmp_path):
+    from builders.quantize import load_source_model
+
+    _edit(_tiny(tmp_path), lambda sd: {k: v for k, v in sd.items() if ".layers.1." not in k})
+    with pytest.raises(StageError, match=r"checkpoint stage loaded the source .* with 9 tensors missing"):
+        load_source_model(tmp_path, torch.float32, trust_remote_code=False)
+
+
+def test_verify_fails_a_source_loaded_with_missing_keys_whatever_the_gates(tmp_path, tiny_llama):
+    """The checkpoint is whole (the source before the damage); the source is not. No gate is set: before, only the
+    finite check ran and passed, and the build went on with a source of random layers."""
+    from builders.spec import QualityGate
+    from builders.verify import verify_checkpoint
+
+    src = tmp_path / "src"
+    shutil.copytree(tiny_llama, src)
+    _edit(src, lambda sd: {k: v for k, v in sd.items() if ".layers.1." not in k})
+    with pytest.raises(StageError) as exc:
+        verify_checkpoint(tiny_llama, src, QualityGate(eval_samples=1, eval_seq_len=16))
+    msg = str(exc.value)
+    assert "verify stage loaded the source checkpoint" in msg and "model.layers.1.input_layernorm.weight" in msg
