@@ -1,8 +1,9 @@
 """Pre-flight rules that run before any heavy step (all problems reported at once).
 
 ``check(build, target)`` needs only the spec and the target profile; :func:`make_plan` (and
-:func:`check_model`, which reads the model folder) also reads the model's config.json (no weights),
-checks the shape and memory rules, and returns the build's one :class:`~builders.plan.Plan`. Each
+:func:`check_model`, which reads the model folder) also reads the model's config.json (no weights) and, given
+``hf_dir`` (the build does), its safetensors headers (builders.source_tensors: a broken checkpoint is refused
+before any stage), checks the shape and memory rules, and returns the build's one :class:`~builders.plan.Plan`. Each
 rule appends a :class:`~plugins.errors.Problem` naming the YAML field (``targets.<t>.<field>`` when the
 target overrides it), the value, the rule and the fix, with a stable ``code``. Rules ask the
 registries' traits (plugins.runtimes, plugins.recipes, plugins.architectures); the SM gates and the
@@ -625,7 +626,7 @@ def _arch_of(hf_config: dict) -> Architecture | None:
 
 
 def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128, osl: int = 128,
-              spec_checked: bool = False) -> Plan:
+              spec_checked: bool = False, hf_dir: Path | None = None) -> Plan:
     """Check every rule (spec, model, memory) and return the build's plan, computed once.
 
     Args:
@@ -633,6 +634,9 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
         hf_config: the model's config.json as a dict.
         isl, osl: the workload shape whose concurrency the plan reports (tokens).
         spec_checked: :func:`check` already ran (its rules are not run again).
+        hf_dir: the model folder, when the build is about to read its weights: its safetensors headers are checked
+            against what config.json implies (builders.source_tensors.checkpoint_problems: a missing, unexpected
+            or mis-shaped tensor, a shard the index names but the folder lacks), no weight read.
 
     Raises:
         SpecError: every problem at once.
@@ -642,6 +646,10 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     problems += architecture_problems(build, hf_config, str(hf_config.get("_name_or_path", "config.json")), target)
     if not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
         problems += model_problems(build, hf_config, target)
+    if hf_dir is not None and not any(p.code in ("architecture", "remote_code") for p in problems):
+        from builders.source_tensors import checkpoint_problems
+
+        problems += checkpoint_problems(hf_dir, trust_remote_code=build.model.trust_remote_code)
     draft, draft_source = draft_config(build)
     problems += speculative_model_problems(build, hf_config, draft)
     plan = None

@@ -165,10 +165,14 @@ def load_source_model(hf_dir: Path, dtype, *, trust_remote_code: bool):
 
     ``trust_remote_code`` is the spec's ``model.trust_remote_code``: true lets the modules the checkpoint's
     ``auto_map`` names run (its own model class); false loads the library's class for the config's model_type
-    (a checkpoint whose code the library cannot stand in for is refused by transformers)."""
-    from transformers import AutoModelForCausalLM
+    (a checkpoint whose code the library cannot stand in for is refused by transformers).
 
-    return AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=dtype, trust_remote_code=trust_remote_code)
+    Raises:
+        StageError: a tensor of the model is missing from the files (builders.source_tensors.refuse_missing).
+    """
+    from builders.source_tensors import load_source_model as load_whole
+
+    return load_whole(hf_dir, dtype, trust_remote_code=trust_remote_code, stage="checkpoint")
 
 
 def quantize_to_checkpoint(hf_dir: Path, out_dir: Path, *, quant_algo: str, group_size: int,

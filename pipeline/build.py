@@ -104,7 +104,8 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     # The model's rules too, before waiting for another build of the same folder: a bad model fails now.
     with measure("model") as t_model:
         hf_dir = model_fetch.resolve_source(build.model.source)
-        plan = preflight.make_plan(build, target, read_hf_config(hf_dir), spec_checked=True)
+        # with the folder: a checkpoint missing tensors its config.json implies is refused here, not quantized
+        plan = preflight.make_plan(build, target, read_hf_config(hf_dir), spec_checked=True, hf_dir=hf_dir)
     # one build at a time per output folder (a second one waits); a full disk is reported with its path and fix
     with write_failures_reported(out, "the build"), build_lock(out):
         versions = library_versions()

@@ -251,11 +251,14 @@ def test_run_build_saves_plan_before_heavy_work(tmp_path, monkeypatch, smollm2):
     import builders.model_fetch as model_fetch
     import pipeline.build as build_mod
 
-    hf = tmp_path / "hf"
-    hf.mkdir()
-    (hf / "config.json").write_text(json.dumps(smollm2))
+    from tests.conftest import smollm2_tokenizer_dir
+
+    # a whole checkpoint: the build reads the weight files' headers before the plan (builders.source_tensors)
+    hf = smollm2_tokenizer_dir()
+    assert json.loads((hf / "config.json").read_text())["num_hidden_layers"] == smollm2["num_hidden_layers"]
     monkeypatch.setattr(model_fetch, "resolve_source", lambda source: hf)
     monkeypatch.setattr(model_fetch, "folder_digest", lambda path, *a, **k: "0" * 64)
+    monkeypatch.setattr(build_mod, "source_digest", lambda path: "0" * 64)  # no memo entry for the shared folder
 
     class Stop(Exception):
         pass
