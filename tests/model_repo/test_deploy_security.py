@@ -37,9 +37,13 @@ def expanded(command: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def compose_command(service: dict) -> str:
-    """The line compose hands to ``bash -lc``: compose turns each ``$$`` of the file into ``$``."""
+    """The line compose hands to ``bash -lc``: compose turns each ``$$`` of the file into ``$`` and fills in any other
+    ``$`` itself, from the host, when it reads the file; so none may be left (the key would be the host's, or empty,
+    and written into the container's definition)."""
     assert service["command"][:2] == ["bash", "-lc"]
-    return service["command"][2].replace("$$", "$")
+    pieces = service["command"][2].split("$$")
+    assert not any("$" in p for p in pieces), "a $ that compose would fill in from the host"
+    return "$".join(pieces)
 
 
 def test_restricted_options_follow_the_recorded_syntax():
