@@ -63,6 +63,26 @@ def triton_restricted_argv(key: str, apis: Sequence[str] = TRITON_ADMIN_APIS,
     return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
 
 
+RESTRICTED_OPTIONS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """``argv`` fit for a log line: the key of each restriction option (:func:`triton_restricted_argv`) and the value
+    of ``--api-key`` replaced by ``***``."""
+    out, hide_next = [], False
+    for a in argv:
+        if hide_next:
+            out.append("***")
+        elif a.startswith(RESTRICTED_OPTIONS) and "=" in a.split("=", 1)[1]:
+            out.append(a.rsplit("=", 1)[0] + "=***")
+        elif a.startswith("--api-key="):
+            out.append("--api-key=***")
+        else:
+            out.append(a)
+        hide_next = a == "--api-key"
+    return out
+
+
 def tritonserver_argv(model_repository: str, *, http_port: Port, grpc_port: Port, metrics_port: Port,
                       address: str = "127.0.0.1", tritonserver: str = "tritonserver",
                       backend_directory: Optional[str] = None, log_info: bool = False,

@@ -6,6 +6,7 @@ answers the official ``openai`` client 401 without it and 200 with it. Neither k
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import urllib.error
@@ -48,6 +49,10 @@ def restricted(built_default, tmp_path_factory):
     from model_repo.generate import default_sys_path
     from pipeline.serve import ServerConfig, TritonServer, free_ports
 
+    said = logging.getLogger("trtpipe")  # what `trtpipe serve` logs (at INFO) while starting it
+    level = said.level
+    said.setLevel(logging.INFO)
+    said.addHandler(_SAID)
     http, grpc, metrics = free_ports(3)
     cfg = ServerConfig(model_repository=built_default / "model_repo", http_port=http, grpc_port=grpc,
                        metrics_port=metrics, log_file=tmp_path_factory.mktemp("restricted") / "tritonserver.log",
@@ -57,6 +62,20 @@ def restricted(built_default, tmp_path_factory):
     server = TritonServer(cfg).start()
     yield server
     server.stop()
+    said.removeHandler(_SAID)
+    said.setLevel(level)
+
+
+class _Said(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+_SAID = _Said()
 
 
 def _post(url: str, headers: dict) -> tuple[int, str]:
@@ -138,7 +157,11 @@ def test_the_openai_frontend_with_a_key_answers_401_without_it_and_200_with_it(k
 
 
 def test_no_key_in_either_servers_log(restricted, keyed_frontend):
-    """After every call above (refused and accepted): the logs name neither key."""
+    """After every call above (refused and accepted): the logs name neither key, nor do the lines this process
+    logged while starting them (the command lines, restriction options shown as ``admin-key=***``)."""
     for path in (restricted.log_path, keyed_frontend.log_path):
         text = path.read_text(errors="replace")
         assert text and TRITON_KEY not in text and OPENAI_KEY not in text, path
+    started = [line for line in _SAID.lines if line.startswith("starting tritonserver")]
+    assert started and "admin-key=***" in started[0]
+    assert not any(TRITON_KEY in line or OPENAI_KEY in line for line in _SAID.lines)
