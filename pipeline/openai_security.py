@@ -97,12 +97,15 @@ class APIKeyAuth:
         return scheme.lower() == b"bearer" and hmac.compare_digest(_digest(token.strip()), self._want)
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope.get("method") == "OPTIONS" or _public(scope):
-            await self.app(scope, receive, send)
+        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS" or _public(scope):
+            await self.app(scope, receive, send)  # lifespan events, preflights, probes
             return
         header = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
         if self.authorized(header):
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # none is served, but none passes unchecked either
+            await send({"type": "websocket.close", "code": 1008})
             return
         body = json.dumps(UNAUTHORIZED).encode()
         await send({"type": "http.response.start", "status": 401,
