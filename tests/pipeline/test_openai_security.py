@@ -260,3 +260,26 @@ def test_tokenizers_that_lose_characters_get_no_character_bound():
     assert longest_token_chars(fast(bpe, norm=normalizers.NFC())) == 8
     assert longest_token_chars(fast(bpe, norm=normalizers.Strip())) is None
     assert longest_token_chars(fast(bpe, norm=normalizers.Replace(" ", "\u2581"))) == 2
+
+
+def test_a_websocket_without_the_key_is_closed_and_lifespan_passes():
+    """The middleware itself, given ASGI scopes: no websocket route exists, none passes unchecked."""
+    import asyncio
+
+    from pipeline.openai_security import APIKeyAuth
+
+    called, sent = [], []
+
+    async def app(scope, receive, send):
+        called.append(scope["type"])
+
+    async def send(message):
+        sent.append(message)
+
+    auth = APIKeyAuth(app, KEY)
+    asyncio.run(auth({"type": "websocket", "path": "/v1/anything", "headers": []}, None, send))
+    assert sent == [{"type": "websocket.close", "code": 1008}] and called == []
+    asyncio.run(auth({"type": "websocket", "path": "/v1/anything",
+                      "headers": [(b"authorization", f"Bearer {KEY}".encode())]}, None, send))
+    asyncio.run(auth({"type": "lifespan"}, None, send))
+    assert called == ["websocket", "lifespan"] and len(sent) == 1
