@@ -283,3 +283,31 @@ def test_a_websocket_without_the_key_is_closed_and_lifespan_passes():
                       "headers": [(b"authorization", f"Bearer {KEY}".encode())]}, None, send))
     asyncio.run(auth({"type": "lifespan"}, None, send))
     assert called == ["websocket", "lifespan"] and len(sent) == 1
+
+
+def test_the_load_test_client_sends_the_key_from_the_environment(tokenizer_dir, monkeypatch):
+    """`trtpipe loadtest --endpoint openai-chat` against a keyed frontend: 401 without $TRTPIPE_API_KEY; with it the
+    request gets past the key (and here fails on the missing Triton instead)."""
+    import asyncio
+
+    from pipeline.loadtest.metrics import RequestRecord
+    from pipeline.loadtest.openai_client import OpenAIConnection
+
+    body = ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                                     "max_tokens": 2})
+
+    async def one() -> RequestRecord:
+        conn = OpenAIConnection(f"http://127.0.0.1:{served.port}", chat=True)
+        conn.open()
+        try:
+            return await conn.send(RequestRecord(0, 0.0), body, 30)
+        finally:
+            await conn.close()
+
+    with _client(_app(tokenizer_dir)) as served:
+        monkeypatch.delenv("TRTPIPE_API_KEY", raising=False)
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        assert asyncio.run(one()).error.startswith("HTTP 401")
+        monkeypatch.setenv("TRTPIPE_API_KEY", KEY)
+        rec = asyncio.run(one())
+        assert rec.error and "401" not in rec.error and KEY not in rec.error
