@@ -76,7 +76,7 @@ async def read_body(request, limit: int) -> bytes:
 _KEEPS = {"Prepend": 1, "NFD": 1, "NFKD": 1, "Lowercase": 1, "NFC": NFC_SHRINK, "NFKC": NFC_SHRINK}
 """Normalizers that lose no character, with the most input characters one output character may stand for."""
 _PRE_KEEPS = {"ByteLevel", "Metaspace", "Digits", "UnicodeScripts"}
-_PRE_KEEPS_UNLESS_REMOVED = {"Split", "Punctuation", "CharDelimiterSplit"}
+_PRE_KEEPS_UNLESS_REMOVED = {"Split", "Punctuation"}  # (CharDelimiterSplit always removes its delimiter)
 
 
 def _normalizer_factor(spec: Optional[dict]) -> Optional[int]:

@@ -256,6 +256,9 @@ def test_tokenizers_that_lose_characters_get_no_character_bound():
     bpe = models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")])
     assert longest_token_chars(fast(bpe)) == 2
     assert longest_token_chars(fast(bpe, pre_tokenizers.Whitespace())) is None
+    assert longest_token_chars(fast(bpe, pre_tokenizers.CharDelimiterSplit(" "))) is None
+    assert longest_token_chars(fast(bpe, pre_tokenizers.Split(" ", "removed"))) is None
+    assert longest_token_chars(fast(bpe, pre_tokenizers.Split(" ", "isolated"))) == 2
     assert longest_token_chars(fast(models.WordPiece(vocab={"[UNK]": 0, "a": 1}, unk_token="[UNK]"))) is None
     assert longest_token_chars(fast(bpe, norm=normalizers.NFC())) == 8
     assert longest_token_chars(fast(bpe, norm=normalizers.Strip())) is None
