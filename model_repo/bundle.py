@@ -27,7 +27,7 @@ from builders.model_fetch import copy_tokenizer
 from builders.plan import Plan
 from builders.spec import LimitsConfig
 from model_repo.generate import plan_repository, write_repository
-from model_repo.launch import leader_mode_argv
+from model_repo.launch import TRITON_ADMIN_APIS, TRITON_ADMIN_HEADER, TRITON_ADMIN_KEY_ENV, leader_mode_argv
 
 BUNDLE_VAR = "@BUNDLE@"
 WORKERS_VAR = "@WORKERS@"
@@ -66,7 +66,9 @@ def render_script(*, name: str, target: str, planned_dir: Path, world_size: int,
 #   ./{SCRIPT_NAME} build    build the engine only
 #   ./{SCRIPT_NAME} serve    serve an engine built before
 # Environment: HTTP_PORT GRPC_PORT METRICS_PORT ADDRESS (default 127.0.0.1), TRTLLM_BUILD (default trtllm-build),
-# TRITONSERVER (default tritonserver).
+# TRITONSERVER (default tritonserver), {TRITON_ADMIN_KEY_ENV}: Triton's {', '.join(TRITON_ADMIN_APIS)} APIs
+# answer only requests whose header {TRITON_ADMIN_HEADER} (gRPC: triton-grpc-protocol-{TRITON_ADMIN_HEADER}) holds it;
+# required when ADDRESS is not loopback; unset on loopback, a random key no one holds keeps those APIs shut.
 set -euo pipefail
 BUNDLE_DIR="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 PLANNED_DIR={shlex.quote(str(planned_dir))}
@@ -148,6 +150,15 @@ serve() {{
   command -v mpirun >/dev/null || die "mpirun not found (the tensorrtllm backend runs one MPI rank per GPU)"
   HTTP_PORT="${{HTTP_PORT:-{ports[0]}}}" GRPC_PORT="${{GRPC_PORT:-{ports[1]}}}" METRICS_PORT="${{METRICS_PORT:-{ports[2]}}}"
   ADDRESS="${{ADDRESS:-127.0.0.1}}" TRITONSERVER="${{TRITONSERVER:-tritonserver}}"
+  if [ -z "${{{TRITON_ADMIN_KEY_ENV}:-}}" ]; then
+    case "$ADDRESS" in
+      127.*|localhost|::1) {TRITON_ADMIN_KEY_ENV}="$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')" ;;
+      *) die "ADDRESS=$ADDRESS listens beyond this host: set {TRITON_ADMIN_KEY_ENV} (e.g. \\$(openssl rand -hex 32)); \\
+Triton's {', '.join(TRITON_ADMIN_APIS)} APIs then answer only requests that send it" ;;
+    esac
+  fi
+  case "${{TRITON_ADMIN_KEY}}" in *[:=,]*) die "{TRITON_ADMIN_KEY_ENV} holds ':', '=' or ',' (the \\
+--http-restricted-api syntax): use a hex key (openssl rand -hex 32)" ;; esac
   echo "starting tritonserver (world_size $WORLD_SIZE, leader mode) on $ADDRESS:$HTTP_PORT (HTTP), :$GRPC_PORT (gRPC)"
   exec {serve_cmd}
 }}
@@ -202,7 +213,8 @@ def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir:
     i = argv.index("--workers")
     argv[i + 1] = WORKERS_VAR
     serve = leader_mode_argv(world_size, f"{BUNDLE_VAR}/model_repo", http_port="${HTTP_PORT}", grpc_port="${GRPC_PORT}",
-                       metrics_port="${METRICS_PORT}", address="${ADDRESS}", tritonserver="${TRITONSERVER}")
+                       metrics_port="${METRICS_PORT}", address="${ADDRESS}", tritonserver="${TRITONSERVER}",
+                       admin_key=f"${{{TRITON_ADMIN_KEY_ENV}}}")
     script = render_script(name=build.name, target=build.target, planned_dir=final.resolve(),
                            world_size=world_size, build_argv=argv, serve=serve, limits=limits,
                            ports=(sv.http_port, sv.grpc_port, sv.metrics_port))

@@ -45,7 +45,8 @@ from builders.layout import build_dir
 from builders.spec import default_port
 from model_repo.bundle import SCRIPT_NAME
 from model_repo.upstream_llmapi import config_pbtxt
-from model_repo.launch import (TRTLLM_SERVE_HEALTH, TRTLLM_SERVE_OPTIONS_FILE, frontend_argv, server_argv,
+from model_repo.launch import (FRONTEND_API_KEY_ENV, TRITON_ADMIN_APIS, TRITON_ADMIN_HEADER, TRITON_ADMIN_KEY_ENV,
+                               TRTLLM_SERVE_HEALTH, TRTLLM_SERVE_OPTIONS_FILE, frontend_argv, server_argv,
                                trtllm_serve_argv)
 from plugins.runtimes import Runtime, openai_server_releases
 from trtpipe_runtime import versions
@@ -68,6 +69,26 @@ IMAGE_VAR = "TRITON_TRTLLM_IMAGE"
 PYTORCH_IMAGE_VAR = "TRTPIPE_IMAGE"
 SHM_SIZE = "2g"  # >= 64 MB per Python-backend instance; the container default (64 MB) is too small
 PVC_NAME = "trtpipe-build"  # the Kubernetes volume claim that holds the build folder
+SECRET_KEYS = {TRITON_ADMIN_KEY_ENV: "triton-admin-key", FRONTEND_API_KEY_ENV: "openai-api-key"}
+"""Environment variable -> its key in the build's Kubernetes Secret (:func:`secret_name`). The files name the
+Secret, never a value: ``kubectl create secret`` (:func:`secret_command`) makes it; a pod waits until it exists."""
+ADMIN_KEY_EXPANSION = (f"${{{TRITON_ADMIN_KEY_ENV}:?set {TRITON_ADMIN_KEY_ENV}, the key of the Triton "
+                       f"{'/'.join(TRITON_ADMIN_APIS)} APIs: see docs/deploy.md}}")
+"""What the generated Triton commands pass as the admin key: the container's shell fills it in from the environment
+and refuses to start tritonserver without it (``${VAR:?message}``; the message holds no quote, which the shell would
+read as one)."""
+
+
+def secret_name(plan_name: str) -> str:
+    """The Kubernetes Secret the build's pods read their keys from: ``<name>-keys``."""
+    return f"{plan_name}-keys"
+
+
+def secret_command(plan_name: str) -> str:
+    """The ``kubectl create secret`` line that makes :func:`secret_name` with fresh random keys (the values never
+    pass through a file or a manifest: ``openssl rand`` runs in the user's shell)."""
+    keys = " ".join(f"--from-literal={k}=\"$(openssl rand -hex 32)\"" for k in SECRET_KEYS.values())
+    return f"kubectl create secret generic {secret_name(plan_name)} {keys}"
 
 
 def triton_image(trtllm_version: str = TRTLLM_VERSION) -> str:
@@ -168,12 +189,14 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
         # The bundle's script builds the engine inside the container (first start), then serves it.
         cmd = ["bash", f"{mount}/bundle/{SCRIPT_NAME}"]
         env = {"ADDRESS": "0.0.0.0", "HTTP_PORT": str(sv.http_port), "GRPC_PORT": str(sv.grpc_port),
-               "METRICS_PORT": str(sv.metrics_port)}
+               "METRICS_PORT": str(sv.metrics_port)}  # the script restricts Triton with TRITON_ADMIN_KEY
         reasons["command"] = "bundle/build_and_serve.sh: trtllm-build in the container on first start, then serve"
     else:
         # The container listens on all interfaces: the pod/compose network is the boundary.
+        # Its admin APIs (model control, shared memory, trace, logging) behind a key the shell reads from the
+        # environment (a Secret): nothing but the variable's name is written here.
         cmd = server_argv(rt.launcher, world, f"{mount}/model_repo", http_port=sv.http_port, grpc_port=sv.grpc_port,
-                          metrics_port=sv.metrics_port, address="0.0.0.0")
+                          metrics_port=sv.metrics_port, address="0.0.0.0", admin_key=ADMIN_KEY_EXPANSION)
         reasons["command"] = (f"leader-mode mpirun, one tritonserver rank per GPU (world_size {world})" if mpi else
                               "one tritonserver process on model_repo/")
     serve = trtllm_serve_argv(build, mount) if rt.openai_server == "trtllm-serve" else []
@@ -242,8 +265,30 @@ TRTLLM_SERVE_NAME = "trtllm-serve"
 """The compose service, container and Kubernetes name suffix of the trtllm-serve files."""
 
 
-def _shell(command: list[str]) -> list[str]:
-    return ["bash", "-lc", " ".join(shlex.quote(a) for a in command)]
+def _shell(command: list[str], compose_file: bool = False) -> list[str]:
+    """``bash -lc <command>``: each argument quoted, those holding ``${...}`` in double quotes so that the
+    container's shell expands them (the keys); in a compose file each ``$`` doubled, so that compose leaves it to
+    that shell instead of filling it in from the host when it reads the file."""
+    line = _line(command)
+    return ["bash", "-lc", line.replace("$", "$$") if compose_file else line]
+
+
+def _line(command: list[str]) -> str:
+    """One shell line: each argument quoted, those holding ``${...}`` in double quotes (the shell expands them)."""
+    return " ".join('"' + a + '"' if "${" in a else shlex.quote(a) for a in command)
+
+
+def _key_environment(*names: str) -> dict:
+    """compose ``environment`` entries that pass each variable through from the shell compose runs in (no value in
+    the file: ``NAME:`` with null)."""
+    return {n: None for n in names}
+
+
+def _secret_env(plan: "DeploymentPlan", *names: str) -> list[dict]:
+    """Kubernetes ``env`` entries that read each variable from the build's Secret (``secretKeyRef``; the pod does
+    not start until the Secret exists: :func:`secret_command`)."""
+    return [{"name": n, "valueFrom": {"secretKeyRef": {"name": secret_name(plan.name), "key": SECRET_KEYS[n]}}}
+            for n in names]
 
 
 def compose(plan: DeploymentPlan) -> dict:
@@ -254,7 +299,7 @@ def compose(plan: DeploymentPlan) -> dict:
     """
     svc = {
         "image": plan.image,
-        "command": _shell(plan.command),
+        "command": _shell(plan.command, compose_file=True),
         "shm_size": SHM_SIZE,
         "ulimits": {"memlock": -1, "stack": 67108864},
         "volumes": [f"..:{plan.mount}" + ("" if plan.writable else ":ro")],
@@ -262,15 +307,15 @@ def compose(plan: DeploymentPlan) -> dict:
         "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://localhost:{plan.http_port}/v2/health/ready"],
                         "interval": "10s", "timeout": "5s", "retries": 60, "start_period": "60s"},
     }
-    if plan.environment:
-        svc["environment"] = dict(plan.environment)
+    svc["environment"] = {**plan.environment, **_key_environment(TRITON_ADMIN_KEY_ENV)}
     if plan.gpu:
         svc["deploy"] = _gpu_reservation(plan)
     services = {"triton": svc}
     if plan.openai:  # shares triton's network namespace: gRPC on 127.0.0.1, its port published by triton
         svc["ports"].append(f"127.0.0.1:{plan.openai_port}:{plan.openai_port}")
         services["openai"] = {
-            "image": plan.frontend_image, "command": _shell(plan.openai), "network_mode": "service:triton",
+            "image": plan.frontend_image, "command": _shell(plan.openai, compose_file=True),
+            "environment": _key_environment(FRONTEND_API_KEY_ENV), "network_mode": "service:triton",
             "volumes": [f"..:{plan.mount}:ro"], "depends_on": {"triton": {"condition": "service_healthy"}},
             "healthcheck": {"test": ["CMD", "curl", "-fsS", f"http://localhost:{plan.openai_port}/health"],
                             "interval": "10s", "timeout": "5s", "retries": 30, "start_period": "20s"}}
@@ -293,7 +338,7 @@ def compose_trtllm_serve(plan: DeploymentPlan) -> dict:
         raise ValueError(f"runtime {plan.runtime}: no trtllm-serve command (trtllm-llmapi builds only)")
     svc = {
         "image": plan.image,
-        "command": _shell(plan.trtllm_serve),
+        "command": _shell(plan.trtllm_serve, compose_file=True),
         "shm_size": SHM_SIZE,
         "ulimits": {"memlock": -1, "stack": 67108864},
         "volumes": [f"..:{plan.mount}:ro"],
@@ -319,8 +364,7 @@ def _container(plan: DeploymentPlan, command: list[str]) -> dict:
         "volumeMounts": [{"name": "build", "mountPath": plan.mount, "readOnly": not plan.writable},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
-    if plan.environment:
-        c["env"] = [{"name": k, "value": v} for k, v in plan.environment.items()]
+    c["env"] = [{"name": k, "value": v} for k, v in plan.environment.items()] + _secret_env(plan, TRITON_ADMIN_KEY_ENV)
     if plan.gpu:
         c["resources"] = {"limits": {"nvidia.com/gpu": plan.gpus_per_node}}
     return c
@@ -345,6 +389,7 @@ def kubernetes(plan: DeploymentPlan) -> list[dict]:
         service["spec"]["ports"].append({"name": "openai", "port": plan.openai_port, "targetPort": plan.openai_port})
         containers.append({
             "name": "openai", "image": plan.frontend_image, "command": _shell(plan.openai),
+            "env": _secret_env(plan, FRONTEND_API_KEY_ENV),
             "ports": [{"name": "openai", "containerPort": plan.openai_port}],
             "readinessProbe": {"httpGet": {"path": "/health", "port": plan.openai_port}, "periodSeconds": 10,
                                "failureThreshold": 3},
@@ -396,10 +441,23 @@ def kubernetes_trtllm_serve(plan: DeploymentPlan) -> list[dict]:
     return [dep, service]
 
 
-def _head(plan: DeploymentPlan, serving: str) -> str:
+def _head(plan: DeploymentPlan, serving: str, keys: str = "") -> str:
     return (f"# Generated by trtpipe for {plan.name} ({plan.runtime} runtime, world_size {plan.world_size}, "
             f"serving {serving}).\n"
-            f"# The build folder is mounted at {plan.mount} (its path at build time); see docs/deploy.md.\n")
+            f"# The build folder is mounted at {plan.mount} (its path at build time); see docs/deploy.md.\n" + keys)
+
+
+def _keys_compose() -> str:
+    return (f"# Keys (no value is written here): export {TRITON_ADMIN_KEY_ENV} (Triton's "
+            f"{', '.join(TRITON_ADMIN_APIS)} APIs: header {TRITON_ADMIN_HEADER}) and {FRONTEND_API_KEY_ENV} (the OpenAI "
+            "frontend: Authorization: Bearer) first,\n# e.g. `export "
+            f"{TRITON_ADMIN_KEY_ENV}=$(openssl rand -hex 32) {FRONTEND_API_KEY_ENV}=$(openssl rand -hex 32)`: "
+            "tritonserver and the frontend refuse to start without them.\n")
+
+
+def _keys_k8s(plan: DeploymentPlan) -> str:
+    return (f"# Keys: from the Secret {secret_name(plan.name)} (no value is written here); create it once with\n"
+            f"#   {secret_command(plan.name)}\n")
 
 
 def render_deployment(plan: DeploymentPlan) -> dict[str, str]:
@@ -407,9 +465,9 @@ def render_deployment(plan: DeploymentPlan) -> dict[str, str]:
     also README.md, docker-compose.trtllm-serve.yaml, k8s/trtllm-serve/<kind>.yaml, llmapi/tensorrt_llm/config.pbtxt
     and 1/model.yaml, trtllm-serve.sh."""
     head = _head(plan, f"{plan.served_from}/")
-    files = {"docker-compose.yaml": head + yaml.safe_dump(compose(plan), sort_keys=False)}
+    files = {"docker-compose.yaml": head + _keys_compose() + yaml.safe_dump(compose(plan), sort_keys=False)}
     for obj in kubernetes(plan):
-        files[f"k8s/{obj['kind'].lower()}.yaml"] = head + yaml.safe_dump(obj, sort_keys=False)
+        files[f"k8s/{obj['kind'].lower()}.yaml"] = head + _keys_k8s(plan) + yaml.safe_dump(obj, sort_keys=False)
     if not plan.trtllm_serve:
         return files
     files["README.md"] = _llmapi_readme(plan)
@@ -456,7 +514,7 @@ def _llmapi_least() -> str:
 def _llmapi_readme(plan: DeploymentPlan) -> str:
     """How to run a trtllm-llmapi build on a GPU host: the Triton command, the trtllm-serve one and upstream's Triton
     LLM-API model, exactly, with the files that run each."""
-    triton = " ".join(shlex.quote(a) for a in plan.command)
+    triton = _line(plan.command)
     serve = " ".join(shlex.quote(a) for a in plan.trtllm_serve)
     least = _llmapi_least()
     ports = f"--http-port={plan.http_port} --grpc-port={plan.grpc_port} --metrics-port={plan.metrics_port}"

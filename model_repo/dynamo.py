@@ -423,6 +423,11 @@ trtpipe loadtest run --url http://localhost:{FRONTEND_PORT}/v1 --endpoint openai
 
 (The frontend's Service is created by the operator as `<graph>-frontend`; `kubectl get svc` shows it.)
 
+Access: Dynamo {DYNAMO_VERSION}'s frontend takes no API key (`dynamo.frontend` has no such option:
+tests/facts/tritonserver_2_51/restricted_api.json `others`), so anyone who reaches its port can use the model.
+Keep its Service inside the cluster (ClusterIP, as the operator makes it; reach it with `kubectl port-forward`)
+or put an authenticating gateway in front of it; do not turn it into a LoadBalancer or NodePort.
+
 ## Files
 
 - `dgd.yaml`: the DynamoGraphDeployment (`{API_VERSION}`).

@@ -27,19 +27,74 @@ TRTLLM_SERVE_HEALTH = "/health"
 tests/facts/trtllm_1_2_1/llm_args.json and tests/facts/trtllm_1_4/llm_args.json (``serve/openai_server.py``)."""
 FRONTEND_MODULE = "pipeline.openai_frontend"
 """The OpenAI-compatible frontend's entry point (``python -m``)."""
+FRONTEND_API_KEY_ENV = "TRTPIPE_API_KEY"
+"""The environment variable the OpenAI frontend reads its API key from (``--api-key`` overrides it; vLLM's server
+reads VLLM_API_KEY the same way). The deployment files set it from a Kubernetes Secret / the compose host's
+environment, never on a command line, where ``ps`` would show it."""
+
+TRITON_ADMIN_APIS = ("model-repository", "shared-memory", "trace", "logging")
+"""The Triton API groups the deployment files put behind a key: model load/unload and repository index, system and
+CUDA shared-memory registration, trace and log settings. health, metadata, inference, model-config and statistics stay
+open (probes, the OpenAI frontend and clients use them). Group names: tests/facts/tritonserver_2_51/
+restricted_api.json (the binary's ``--help`` and docs/customization_guide/inference_protocols.md)."""
+TRITON_ADMIN_HEADER = "admin-key"
+"""The header that carries the key: HTTP ``admin-key: <value>``, gRPC metadata ``triton-grpc-protocol-admin-key``
+(Triton prefixes the gRPC one: restricted_api.json ``grpc_header_prefix``)."""
+TRITON_ADMIN_KEY_ENV = "TRITON_ADMIN_KEY"
+"""The environment variable the generated commands read the key from (a Kubernetes Secret / the compose host)."""
+
+
+def triton_restricted_argv(key: str, apis: Sequence[str] = TRITON_ADMIN_APIS,
+                           header: str = TRITON_ADMIN_HEADER) -> list[str]:
+    """``--http-restricted-api`` and ``--grpc-restricted-protocol`` for ``apis``, each
+    ``<api>[,<api>...]:<header>=<key>`` (Triton's documented form; the binary's own help text shows a comma before
+    the key, which it does not parse: tests/facts/tritonserver_2_51/restricted_api.json).
+
+    ``key``: the value itself (a local server) or a shell expansion such as ``${TRITON_ADMIN_KEY:?...}`` that the
+    container's shell fills in (the deployment files: no value is written into them). tritonserver takes the value
+    on its command line only, so ``ps`` in the same container shows it. Raises ValueError on an empty key or one
+    with a character the option's syntax reserves (``:``, ``=``, ``,``)."""
+    shell = key.startswith("${") and key.endswith("}")  # filled in by the shell that runs the command
+    if not key or (not shell and any(c in key for c in ":=,")):
+        raise ValueError(f"Triton admin key {'(empty)' if not key else '(hidden)'}: must be non-empty without ':', "
+                         "'=' or ',' (the --http-restricted-api syntax): use a random hex or base64url string, e.g. "
+                         "`openssl rand -hex 32`")
+    spec = f"{','.join(apis)}:{header}={key}"
+    return [f"--http-restricted-api={spec}", f"--grpc-restricted-protocol={spec}"]
+
+
+RESTRICTED_OPTIONS = ("--http-restricted-api=", "--grpc-restricted-protocol=")
+
+
+def redacted(argv: Sequence[str]) -> list[str]:
+    """``argv`` fit for a log line: the key of each restriction option (:func:`triton_restricted_argv`) and the value
+    of ``--api-key`` replaced by ``***``."""
+    out, hide_next = [], False
+    for a in argv:
+        if hide_next:
+            out.append("***")
+        elif a.startswith(RESTRICTED_OPTIONS) and "=" in a.split("=", 1)[1]:
+            out.append(a.rsplit("=", 1)[0] + "=***")
+        elif a.startswith("--api-key="):
+            out.append("--api-key=***")
+        else:
+            out.append(a)
+        hide_next = a == "--api-key"
+    return out
 
 
 def tritonserver_argv(model_repository: str, *, http_port: Port, grpc_port: Port, metrics_port: Port,
                       address: str = "127.0.0.1", tritonserver: str = "tritonserver",
                       backend_directory: Optional[str] = None, log_info: bool = False,
-                      extra: Sequence[str] = ()) -> list[str]:
+                      extra: Sequence[str] = (), admin_key: Optional[str] = None) -> list[str]:
     """One ``tritonserver`` process on ``model_repository``, listening on ``address``.
 
     ``--strict-readiness`` (ready only when every model is), ``--exit-on-error`` (a model that fails to load stops
     the server) and ``--disable-auto-complete-config``, as TensorRT-LLM's ``launch_triton_server.py`` passes: the
     generated configs are complete, and with auto-complete on the Python backend starts a stub per model only to ask
     it (python_be.cc ``LaunchAutoCompleteStubProcess``). ``backend_directory``: the wheel's backends (a local
-    server); ``log_info``: INFO lines in the log (what ``trtpipe serve`` diagnoses from).
+    server); ``log_info``: INFO lines in the log (what ``trtpipe serve`` diagnoses from); ``admin_key``: put
+    :data:`TRITON_ADMIN_APIS` behind this key (:func:`triton_restricted_argv`).
     """
     return [tritonserver, f"--model-repository={model_repository}",
             *([f"--backend-directory={backend_directory}"] if backend_directory else []),
@@ -47,16 +102,18 @@ def tritonserver_argv(model_repository: str, *, http_port: Port, grpc_port: Port
             f"--grpc-address={address}", f"--grpc-port={grpc_port}",
             f"--metrics-address={address}", f"--metrics-port={metrics_port}",
             "--allow-metrics=true", "--strict-readiness=true", "--exit-on-error=true",
-            "--disable-auto-complete-config", *(["--log-info=true"] if log_info else []), *extra]
+            "--disable-auto-complete-config", *(["--log-info=true"] if log_info else []),
+            *(triton_restricted_argv(admin_key) if admin_key else []), *extra]
 
 
 def leader_mode_argv(world_size: int, model_repo: str, *, http_port: Port, grpc_port: Port, metrics_port: Port,
                      address: str = "127.0.0.1", tritonserver: str = "tritonserver",
-                     llm_model: str = "tensorrt_llm") -> list[str]:
+                     llm_model: str = "tensorrt_llm", admin_key: Optional[str] = None) -> list[str]:
     """The ``mpirun`` launcher: ``mpirun -n 1 tritonserver ... : -n 1 tritonserver ...``, one rank per GPU.
 
     Each rank gets its own Python-backend shared-memory prefix; ranks other than 0 load only the
     ``tensorrt_llm`` model (explicit model control), as TensorRT-LLM's ``launch_triton_server.py`` does.
+    ``admin_key``: every rank puts :data:`TRITON_ADMIN_APIS` behind it (:func:`triton_restricted_argv`).
     """
     argv = ["mpirun", "--allow-run-as-root"]
     for rank in range(world_size):
@@ -66,7 +123,8 @@ def leader_mode_argv(world_size: int, model_repo: str, *, http_port: Port, grpc_
         argv += [f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
                  f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
                  "--disable-auto-complete-config",
-                 f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+                 f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+                 *(triton_restricted_argv(admin_key) if admin_key else [])]
         if rank != world_size - 1:
             argv.append(":")
     return argv
@@ -75,14 +133,16 @@ def leader_mode_argv(world_size: int, model_repo: str, *, http_port: Port, grpc_
 def server_argv(launcher: str, world_size: int, model_repository: str, *, http_port: Port, grpc_port: Port,
                 metrics_port: Port, address: str = "127.0.0.1", tritonserver: str = "tritonserver",
                 backend_directory: Optional[str] = None, log_info: bool = False,
-                extra: Sequence[str] = ()) -> list[str]:
+                extra: Sequence[str] = (), admin_key: Optional[str] = None) -> list[str]:
     """Triton by the runtime's ``launcher`` trait (plugins.runtimes.Runtime): ``mpirun``, the leader-mode mpirun
-    (one rank per GPU), else one process (:func:`tritonserver_argv`)."""
+    (one rank per GPU), else one process (:func:`tritonserver_argv`). ``admin_key``: as theirs."""
     ports = {"http_port": http_port, "grpc_port": grpc_port, "metrics_port": metrics_port}
     if launcher == "mpirun":
-        return leader_mode_argv(world_size, model_repository, address=address, tritonserver=tritonserver, **ports)
+        return leader_mode_argv(world_size, model_repository, address=address, tritonserver=tritonserver,
+                                admin_key=admin_key, **ports)
     return tritonserver_argv(model_repository, address=address, tritonserver=tritonserver,
-                             backend_directory=backend_directory, log_info=log_info, extra=extra, **ports)
+                             backend_directory=backend_directory, log_info=log_info, extra=extra,
+                             admin_key=admin_key, **ports)
 
 
 def trtllm_serve_argv(build, mount: str, host: str = "0.0.0.0", port: Optional[int] = None,

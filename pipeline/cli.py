@@ -391,7 +391,34 @@ def server_config(args, build):
     return ServerConfig(model_repository=repo, http_port=args.http_port or sv.http_port,
                         grpc_port=args.grpc_port or sv.grpc_port, metrics_port=args.metrics_port or sv.metrics_port,
                         address=args.address, log_file=repo.parent / "tritonserver.log", ready_timeout_s=args.timeout,
-                        python_path=default_sys_path(), launcher=build.runtime.launcher, world_size=build.world_size)
+                        python_path=default_sys_path(), launcher=build.runtime.launcher, world_size=build.world_size,
+                        extra_args=_triton_key_args(args))
+
+
+def _triton_key_args(args) -> list[str]:
+    """Triton's admin APIs behind $TRITON_ADMIN_KEY when it is set (model_repo.launch.triton_restricted_argv); a
+    non-loopback ``--address`` without it, or without $TRTPIPE_API_KEY for the OpenAI frontend, is refused before
+    anything starts (PipelineError naming the variable)."""
+    import os
+
+    from model_repo.launch import FRONTEND_API_KEY_ENV, TRITON_ADMIN_APIS, TRITON_ADMIN_KEY_ENV, triton_restricted_argv
+    from pipeline.openai_security import BindRefused, check_bind, is_loopback, resolve_api_key
+
+    key = os.environ.get(TRITON_ADMIN_KEY_ENV) or None
+    if key is None and not is_loopback(args.address):
+        raise PipelineError(f"--address {args.address}: Triton would take model loads, shared-memory registrations "
+                            f"and trace/log settings from anyone who reaches it: set {TRITON_ADMIN_KEY_ENV} (e.g. "
+                            f"`export {TRITON_ADMIN_KEY_ENV}=$(openssl rand -hex 32)`) to put its "
+                            f"{', '.join(TRITON_ADMIN_APIS)} APIs behind it, or serve on 127.0.0.1")
+    if not getattr(args, "no_openai", True):
+        try:
+            check_bind(args.address, resolve_api_key(None))
+        except BindRefused as exc:
+            raise PipelineError(f"{exc} (or pass --no-openai; {FRONTEND_API_KEY_ENV} is read by the frontend)") from None
+    try:
+        return triton_restricted_argv(key) if key else []
+    except ValueError as exc:
+        raise PipelineError(f"{TRITON_ADMIN_KEY_ENV}: {exc}") from None
 
 
 EXIT_NOT_INSTALLED = 3

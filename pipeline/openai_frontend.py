@@ -21,6 +21,12 @@ models' guided-decoding inputs (pipeline.openai_guided, pipeline.openai_tools). 
 non-streamed completion request are answered as OpenAI's legacy endpoint does. What is refused, with a 400 naming
 the field, is listed in pipeline.openai_requests.
 
+Security (pipeline.openai_security, pipeline.openai_limits): with an API key (``--api-key`` or the environment
+variable ``TRTPIPE_API_KEY``) every route but ``/health`` and ``/metrics`` needs ``Authorization: Bearer <key>``
+(401 otherwise); on any address but loopback the key is required, and the frontend refuses to start without one
+before it listens. Request bodies are bounded (``--max-body-bytes``, 413) and a prompt longer in characters than
+max_input_len tokens can be is refused before it is tokenized.
+
 This module is the command (:func:`main`, :func:`build_parser`) and hands on the names of its parts, one job
 each: :mod:`pipeline.openai_requests` (an OpenAI body -> prompt, max_tokens, stop, Triton inputs; the bodies,
 the limits, :class:`APIError`), :mod:`pipeline.openai_triton` (one request's gRPC stream to the BLS model),
@@ -32,13 +38,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 from typing import Optional
 
 from builders.spec import default_port
 from pipeline.openai_requests import (COMPLETIONS_DEFAULT_MAX_TOKENS, APIError, ChatBody, CompletionBody,
                                       FrontendConfig, prepare)
+from model_repo.launch import FRONTEND_API_KEY_ENV
 from pipeline.openai_router import create_app
+from pipeline.openai_security import BindRefused, check_bind, resolve_api_key
 from pipeline.openai_serving import Events, Metrics, Serving
 from pipeline.openai_triton import Delta, Triton, triton_error
 
@@ -64,7 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "file's model.trust_remote_code; default off)")
     p.add_argument("--context-logits", action="store_true", help="the engine returns context logits (the build "
                    "file's limits.gather_context_logits): prompt log probabilities on the trtllm runtime")
-    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default 127.0.0.1; any other than loopback "
+                   "needs an API key)")
+    p.add_argument("--api-key", default=None, help=f"the key clients send as `Authorization: Bearer <key>` (default "
+                   f"${FRONTEND_API_KEY_ENV}; prefer the variable: a command line shows in `ps`)")
+    p.add_argument("--max-body-bytes", type=int, default=None, help="largest request body (default 1 MiB + 64 bytes "
+                   "per token of --max-input-len; 413 above it)")
     p.add_argument("--port", type=int, default=default_port("openai_port"),
                    help="listen port (default serving.openai_port's default)")
     p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
@@ -73,15 +87,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+EXIT_REFUSED = 2
+"""The exit status when the frontend refuses to start (non-loopback address without an API key)."""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
+    """Parse ``argv``, check the listen address against the key (before the tokenizer loads or any socket is
+    opened: exit :data:`EXIT_REFUSED` with the reason on stderr), then serve until stopped."""
     args = build_parser().parse_args(argv)
+    key = resolve_api_key(args.api_key)
+    try:
+        check_bind(args.host, key)
+    except BindRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if args.max_body_bytes is not None and args.max_body_bytes < 1:
+        print(f"error: --max-body-bytes {args.max_body_bytes}: must be at least 1 (bytes)", file=sys.stderr)
+        return EXIT_REFUSED
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = FrontendConfig(args.grpc_url, args.model, args.tokenizer, args.max_input_len, args.max_seq_len,
                          args.add_special_tokens, triton_model=args.triton_model, max_n=args.max_n,
-                         trust_remote_code=args.trust_remote_code, context_logits=args.context_logits)
-    uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info", access_log=False)
+                         trust_remote_code=args.trust_remote_code, context_logits=args.context_logits,
+                         max_body_bytes=args.max_body_bytes)
+    log.info("API key: %s", "required on every route but /health and /metrics" if key else
+             "none (listening on loopback only)")
+    uvicorn.run(create_app(cfg, api_key=key), host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
 
 

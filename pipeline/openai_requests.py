@@ -75,6 +75,20 @@ class FrontendConfig:
     """The served engine returns context logits (the build file's limits.gather_context_logits): on a runtime
     without this project's log-prob tensors, prompt log probabilities come from them
     (pipeline.openai_context_logits)."""
+    max_body_bytes: Optional[int] = None
+    """The largest request body read (bytes; 413 above it); None: pipeline.openai_limits.default_max_body_bytes of
+    max_input_len."""
+    max_prompt_chars: Optional[int] = None
+    """A prompt longer than this many characters is refused before it is tokenized (it has more than max_input_len
+    tokens: pipeline.openai_limits.prompt_char_limit, which create_app sets from the tokenizer); None: no such
+    check."""
+
+    @property
+    def body_limit(self) -> int:
+        """:attr:`max_body_bytes`, or its default for max_input_len."""
+        from pipeline.openai_limits import default_max_body_bytes
+
+        return self.max_body_bytes or default_max_body_bytes(self.max_input_len)
 
 
 # ---- request bodies (the OpenAI fields this frontend reads; unknown fields are ignored, as OpenAI's are) ----
@@ -134,11 +148,14 @@ class CompletionBody(_Body):
 # ---- body -> prompt --------------------------------------------------------------------------------------------
 
 
-async def read_json(request) -> dict:
-    """The request's body as a JSON object (a Starlette ``Request``); APIError 400 when it is not JSON or not an
-    object."""
+async def read_json(request, limit: Optional[int] = None) -> dict:
+    """The request's body as a JSON object (a Starlette ``Request``), read up to ``limit`` bytes (None: no limit;
+    pipeline.openai_limits.read_body: APIError 413 past it); APIError 400 when it is not JSON or not an object."""
+    from pipeline.openai_limits import read_body
+
+    raw = await read_body(request, limit) if limit is not None else await request.body()
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"the request body is not JSON: {exc}") from exc
     if not isinstance(body, dict):
@@ -176,14 +193,16 @@ def _template_message(m: _Message) -> dict:
     return out
 
 
-def completion_request(tok, raw: dict, add_special_tokens: bool = False) -> tuple[CompletionBody, list[str]]:
+def completion_request(tok, raw: dict, add_special_tokens: bool = False,
+                       max_input_len: Optional[int] = None) -> tuple[CompletionBody, list[str]]:
     """A completion body and its prompts: one string or list of token ids, or a list of several (OpenAI's spec
     allows ``str``, ``[str]``, ``[int]`` and ``[[int]]``); token ids are decoded with the model's tokenizer ``tok``
     (with ``add_special_tokens``, as the preprocessing model tokenizes, a leading BOS id is left for it to add).
     APIError 400 on a body that does not validate, more than :data:`MAX_PROMPTS` prompts, several prompts with
     ``stream: true``, ids outside the vocabulary or that the tokenizer would not give back from their text (the
     Triton models take text, so such ids cannot be served as sent), ``max_tokens: 0`` without ``echo``, or
-    ``suffix``."""
+    ``suffix``; 400 ``context_length_exceeded`` for a token-id prompt of more than ``max_input_len`` ids, before
+    it is decoded (its text tokenizes back to the same ids, so it would be as long)."""
     try:
         body = CompletionBody.model_validate(raw)
     except ValidationError as exc:
@@ -195,6 +214,11 @@ def completion_request(tok, raw: dict, add_special_tokens: bool = False) -> tupl
     if len(sent) > 1 and body.stream:
         raise APIError(400, f"prompt: {len(sent)} prompts with stream: true: this server streams one prompt per "
                             "request: send stream: false, or one request per prompt", param="prompt")
+    if max_input_len is not None:
+        longest = max((len(p) for p in sent if isinstance(p, list)), default=0)
+        if longest > max_input_len:
+            raise APIError(400, f"prompt: {longest} token ids; this model takes at most {max_input_len} "
+                                "(max_input_len)", param="prompt", code="context_length_exceeded")
     bos = getattr(tok, "bos_token_id", None)
     prompts = [p if isinstance(p, str) else
                _ids_prompt(tok, p[1:] if add_special_tokens and p[:1] == [bos] else p) for p in sent]
@@ -330,6 +354,10 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool,
     _check_text(prompt, field)
     if not prompt.strip():
         raise APIError(400, f"{field}: the prompt is empty: send some text", param=field)
+    if cfg.max_prompt_chars is not None and len(prompt) > cfg.max_prompt_chars:  # more tokens than max_input_len
+        raise APIError(400, f"{field}: the prompt is {len(prompt)} characters, more than {cfg.max_input_len} tokens "
+                            f"of this model's tokenizer can hold ({cfg.max_prompt_chars}); this model takes at most "
+                            f"{cfg.max_input_len} tokens (max_input_len)", param=field, code="context_length_exceeded")
     prompt_ids = tok.encode(prompt, add_special_tokens=cfg.add_special_tokens)
     n_prompt = len(prompt_ids)
     if n_prompt > cfg.max_input_len:

@@ -149,12 +149,12 @@ class Serving:
         non-streamed answer is complete."""
         endpoint = CHAT if chat else COMPLETIONS
         try:
-            raw = await read_json(request)
+            raw = await read_json(request, self.cfg.body_limit)
             if chat:
                 body, prompt = chat_request(self.tok, raw)
                 jobs = [(prompt, prepare(self.cfg, self.tok, body, prompt, True))]
             else:
-                body, prompts = completion_request(self.tok, raw, self.cfg.add_special_tokens)
+                body, prompts = completion_request(self.tok, raw, self.cfg.add_special_tokens, self.cfg.max_input_len)
                 jobs = [(p, prepare(self.cfg, self.tok, body, p, False, sent))
                         for p, sent in zip(prompts, body.prompts())]
             if jobs[0][1].logprobs is not None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builders.spec import default_port
-from model_repo.launch import server_argv
+from model_repo.launch import redacted, server_argv
 from pipeline.launch_config import TRTLLM_SERVE, FrontendLaunch, TrtllmServeConfig
 from pipeline.server_failures import TRTLLM_SERVE_FAILURES, ServerError, _failing_lines, diagnose
 from pipeline.server_state import TRITONSERVER, _merge_reaped, reap_orphans, terminate_server
@@ -247,7 +247,7 @@ class _ServerProcess:
         this process."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "w") as logf:
-            log.info("starting %s: %s", self.program, shlex.join(argv))
+            log.info("starting %s: %s", self.program, shlex.join(redacted(argv)))  # no key in the log
             self.started_at = time.time()
             self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=detach)

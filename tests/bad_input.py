@@ -569,6 +569,12 @@ OPENAI_KINDS: dict[str, tuple] = {  # kind -> (path, body: dict or raw bytes, st
     "response_format_not_object": (CHAT, _chat(response_format="json"), (400, 422), "response_format"),
     "min_tokens_above_max_tokens": (CHAT, _chat(min_tokens=100), (400,), "min_tokens"),
     "huge_prompt": (CHAT, _chat(messages=[{"role": "user", "content": "word " * 3000}]), (400,), "messages"),
+    # longer in characters than max_input_len (1024) tokens can be (x 81): refused before tokenizing
+    "prompt_longer_than_any_token_count": (CHAT, _chat(messages=[{"role": "user", "content": "a" * 100_000}]),
+                                           (400,), "messages"),
+    # over the body limit (1 MiB + 64 B x max_input_len = 1,114,112 bytes): 413 from its Content-Length
+    "body_too_large": (COMPLETIONS, json.dumps({"model": MODEL_ID, "prompt": "a " * 600_000}).encode(), (413,),
+                       "body"),
     "top_logprobs_without_logprobs": (CHAT, _chat(top_logprobs=2), (400,), "top_logprobs"),
     "top_logprobs_above_limit": (CHAT, _chat(logprobs=True, top_logprobs=21), (400, 422), "top_logprobs"),
     "completion_logprobs_above_limit": (COMPLETIONS, {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2,

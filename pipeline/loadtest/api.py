@@ -50,6 +50,17 @@ def check_tensors(inputs: list[str], outputs: list[str], cfg: LoadTestConfig) ->
     return p
 
 
+def _index(client) -> list[str] | None:
+    """The repository's model names; None where the server refuses to list them (the deployment files put Triton's
+    model-repository API behind a key: model_repo.launch.TRITON_ADMIN_APIS; readiness and metadata stay open)."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        return sorted({m.name for m in client.get_model_repository_index().models})
+    except InferenceServerException:
+        return None
+
+
 def check_server(cfg: LoadTestConfig) -> dict:
     """Server reachable, model present and READY, tensors as expected; returns the model's metadata."""
     import tritonclient.grpc as grpcclient
@@ -62,8 +73,8 @@ def check_server(cfg: LoadTestConfig) -> dict:
         except InferenceServerException as exc:
             raise LoadTestError(f"cannot reach Triton at {cfg.url} ({exc.message()}): start it with `trtpipe serve`, "
                                 "or drop --url so `trtpipe loadtest` starts one") from exc
-        models = sorted({m.name for m in client.get_model_repository_index().models})
-        if cfg.model not in models:
+        models = _index(client)
+        if models is not None and cfg.model not in models:
             raise LoadTestError(f"model '{cfg.model}' is not in the server's repository (it has {models}): "
                                 "pass --model with one of those")
         if not client.is_model_ready(cfg.model):

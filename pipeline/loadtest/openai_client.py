@@ -59,10 +59,18 @@ class OpenAIConnection:
         self.pending: dict[int, RequestRecord] = {}
 
     def open(self) -> None:
+        """Open the session; with $TRTPIPE_API_KEY (else $OPENAI_API_KEY, what OpenAI clients read) set, every request
+        carries ``Authorization: Bearer <key>`` (a frontend started with that key: pipeline.openai_security)."""
+        import os
+
         import aiohttp
 
+        from model_repo.launch import FRONTEND_API_KEY_ENV
+
+        key = os.environ.get(FRONTEND_API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                             timeout=aiohttp.ClientTimeout(total=None))
+                                             timeout=aiohttp.ClientTimeout(total=None),
+                                             headers={"Authorization": f"Bearer {key}"} if key else None)
 
     async def send(self, rec: RequestRecord, payload: tuple[str, dict], timeout_s: float) -> RequestRecord:
         import aiohttp

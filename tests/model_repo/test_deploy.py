@@ -319,7 +319,11 @@ def test_llmapi_deployment_also_says_the_trtllm_serve_command(tmp_path):
     script = next(f for f in files if f.name == "trtllm-serve.sh").read_text()
     assert "exec trtllm-serve serve" in script and "/health" in script
     readme = next(f for f in files if f.name == "README.md").read_text()
-    assert " ".join(plan.trtllm_serve) in readme and " ".join(plan.command) in readme and "1.2.1 or later" in readme
+    from model_repo.deploy import _line
+
+    # the Triton command as a shell line: its admin-key argument double-quoted, for the shell to fill in
+    assert " ".join(plan.trtllm_serve) in readme and _line(plan.command) in readme and "1.2.1 or later" in readme
+    assert '"--http-restricted-api=' in readme and "${TRITON_ADMIN_KEY:?" in readme
     # upstream's Triton LLM-API model (all_models/llmapi) reads model.yaml: the shipped keys, triton_config kept
     upstream = json.loads((REPO_ROOT / "tests" / "facts" / "trtllm_1_2_1" / "triton_llmapi_model.json").read_text())
     model_yaml = yaml.safe_load(next(f for f in files if f.name == "model.yaml").read_text())

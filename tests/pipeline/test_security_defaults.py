@@ -497,3 +497,31 @@ def test_a_build_that_asks_for_it_runs_the_checkpoints_code_at_every_load(tmp_pa
     assert json.loads((out / "plan.json").read_text())["trust_remote_code"] is True
     assert 'key: "trust_remote_code" value: { string_value: "true" }' in (
         out / "model_repo" / "preprocessing" / "config.pbtxt").read_text()
+
+
+def test_serve_on_loopback_needs_no_key_and_beyond_it_needs_both(monkeypatch):
+    """``trtpipe serve``: on 127.0.0.1 nothing is asked (``make serve``); TRITON_ADMIN_KEY, when set, restricts
+    Triton's admin APIs there too; another ``--address`` is refused without TRITON_ADMIN_KEY, and without
+    TRTPIPE_API_KEY unless ``--no-openai``, before anything starts."""
+    from pipeline.cli import _triton_key_args
+    from plugins.errors import PipelineError
+    from model_repo.launch import triton_restricted_argv
+
+    monkeypatch.delenv("TRITON_ADMIN_KEY", raising=False)
+    monkeypatch.delenv("TRTPIPE_API_KEY", raising=False)
+    args = make_parser().parse_args(["serve"])
+    assert _triton_key_args(args) == []
+    args = make_parser().parse_args(["serve", "--address", "0.0.0.0"])
+    with pytest.raises(PipelineError, match="set TRITON_ADMIN_KEY"):
+        _triton_key_args(args)
+    monkeypatch.setenv("TRITON_ADMIN_KEY", "k1")
+    with pytest.raises(PipelineError, match="TRTPIPE_API_KEY.*--no-openai"):
+        _triton_key_args(args)
+    assert _triton_key_args(make_parser().parse_args(["serve", "--address", "0.0.0.0", "--no-openai"])) == \
+        triton_restricted_argv("k1")
+    monkeypatch.setenv("TRTPIPE_API_KEY", "k2")
+    assert _triton_key_args(args) == triton_restricted_argv("k1")
+    assert _triton_key_args(make_parser().parse_args(["serve"])) == triton_restricted_argv("k1")
+    monkeypatch.setenv("TRITON_ADMIN_KEY", "a:b")
+    with pytest.raises(PipelineError, match="TRITON_ADMIN_KEY"):
+        _triton_key_args(make_parser().parse_args(["serve"]))
