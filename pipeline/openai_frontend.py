@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
     p.add_argument("--triton-model", default="tensorrt_llm_bls", help="the Triton model requests go to (default "
                    "tensorrt_llm_bls: it forwards cancellation; `ensemble` does not)")
+    p.add_argument("--triton-pid", type=int, default=None, help="exit once this process (the local tritonserver "
+                   "`trtpipe serve` started) has exited; without it (Triton elsewhere) /health answers 503 instead")
     return p
 
 
@@ -81,6 +83,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     cfg = FrontendConfig(args.grpc_url, args.model, args.tokenizer, args.max_input_len, args.max_seq_len,
                          args.add_special_tokens, triton_model=args.triton_model, max_n=args.max_n,
                          trust_remote_code=args.trust_remote_code, context_logits=args.context_logits)
+    if args.triton_pid:  # exit once the local tritonserver has (SIGTERM first: uvicorn closes its connections)
+        from trtpipe_runtime.lifeline import watch_pid
+
+        watch_pid(args.triton_pid, "tritonserver", grace_s=10.0)
     uvicorn.run(create_app(cfg), host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
 
