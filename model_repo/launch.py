@@ -167,15 +167,19 @@ def trtllm_serve_argv(build, mount: str, host: str = "0.0.0.0", port: Optional[i
 
 def frontend_argv(python: str, *, grpc_url: str, model: str, tokenizer: str, max_input_len: int, max_seq_len: int,
                   add_special_tokens: bool, host: str, port: int, triton_model: str = "tensorrt_llm_bls",
-                  trust_remote_code: bool = False, context_logits: bool = False) -> list[str]:
+                  trust_remote_code: bool = False, context_logits: bool = False,
+                  triton_pid: Optional[int] = None) -> list[str]:
     """The OpenAI-compatible frontend's command line (:data:`FRONTEND_MODULE`, whose parser takes exactly these
     options): ``trtpipe serve`` runs it beside tritonserver, the deployment files in a container of the project's
-    image beside Triton's. ``context_logits``: the build's limits.gather_context_logits (``--context-logits``)."""
+    image beside Triton's. ``context_logits``: the build's limits.gather_context_logits (``--context-logits``).
+    ``triton_pid``: the local tritonserver's pid (``--triton-pid``: the frontend exits once that process has);
+    None in the deployment files, where Triton runs in another container and ``/health`` answers 503 instead."""
     return [python, "-m", FRONTEND_MODULE, "--grpc-url", grpc_url, "--model", model, "--tokenizer",
             tokenizer, "--max-input-len", str(max_input_len), "--max-seq-len", str(max_seq_len), "--host", host,
             "--port", str(port), "--triton-model", triton_model, *(["--add-special-tokens"] if add_special_tokens
                                                                     else []),
-            *(["--trust-remote-code"] if trust_remote_code else []), *(["--context-logits"] if context_logits else [])]
+            *(["--trust-remote-code"] if trust_remote_code else []), *(["--context-logits"] if context_logits else []),
+            *(["--triton-pid", str(triton_pid)] if triton_pid else [])]
 
 
 def dynamo_frontend_argv(http_port: int, router_mode: str) -> list[str]:

@@ -425,20 +425,47 @@ EXIT_NOT_INSTALLED = 3
 """`serve --server trtllm-serve` where trtllm-serve is not installed: the build checked out, nothing was started."""
 
 
-def _already_serving(state: Path) -> bool:
-    from pipeline.server_state import running_from_state
+def _already_serving(args, state: Path, wanted: dict) -> bool:
+    """Whether the server ``state`` (the build's server.json) records runs as ``wanted`` asks (server.json's
+    entries: pipeline.server_state.request_differences): True, said, when it does (rerunning `make build-engine &&
+    make serve && make query` must not fail on busy ports); False when none runs, after removing what a crashed
+    one left (its frontend, stubs, engine worker, /dev/shm regions).
 
-    running = running_from_state(state)
-    if running:  # rerunning `make build-engine && make serve && make query` must not fail on busy ports
-        where = f"gRPC {running['grpc']}" if "grpc" in running else f"HTTP {running.get('http')}"
-        print(f"already serving: {running.get('server', 'tritonserver')} (pid {running['pid']}, {where}, log "
-              f"{running.get('log')}): `make stop` (or `trtpipe stop`) first to restart it")
-    return bool(running)
+    Raises:
+        ServerError: one runs, differently (another repository, ports or frontend): each difference, and how to
+            serve this instead (stop that one first).
+    """
+    from pipeline.server_failures import ServerError
+    from pipeline.server_state import request_differences, server_status, stop_from_state
+
+    status = server_status(state)
+    if status is None:
+        return False
+    program = status.get("server", "tritonserver")
+    if status.get("unreadable"):  # nothing in it can be stopped or compared
+        print(f"{state} is unreadable (not a server.json trtpipe wrote): replaced by this serve's")
+        return False
+    if not status["running"]:
+        result = stop_from_state(state)  # the frontend, stubs and worker a dead server left; its server.json
+        left = f"; removed what it left: {result['orphans_killed']} process(es)" if result else ""
+        print(f"the recorded {program} (pid {status.get('pid')}) had exited (crashed or killed; its log: "
+              f"{status.get('log')}){left}: starting a new one")
+        return False
+    where = f"gRPC {status['grpc']}" if "grpc" in status else f"HTTP {status.get('http')}"
+    stop = _same_build(args, "stop")
+    differs = request_differences(status, wanted)
+    if differs:
+        raise ServerError(f"a {program} of this build already runs (pid {status['pid']}, {where}, log "
+                          f"{status.get('log')}), not as asked: " + "; ".join(differs) + f". Stop it first "
+                          f"(`{stop}`), then run this serve again; nothing was started")
+    print(f"already serving: {program} (pid {status['pid']}, {where}, log {status.get('log')}): `make stop` (or "
+          f"`{stop}`) first to restart it")
+    return True
 
 
 def cmd_serve(args) -> int:
     from pipeline.launch_config import frontend_launch
-    from pipeline.serve import OpenAIFrontend, TritonServer
+    from pipeline.serve import OpenAIFrontend, TritonServer, check_ports
     from pipeline.server_state import write_state
 
     build = _resolve(args)
@@ -446,14 +473,19 @@ def cmd_serve(args) -> int:
         return _serve_trtllm(args, build)
     cfg = server_config(args, build)
     state = _folder(args, build) / "server.json"
-    if _already_serving(state):
+    launch = None if args.no_openai else frontend_launch(
+        build, cfg, args.openai_port or build.settings.serving.openai_port, _folder(args, build) / "engine")
+    wanted = {"server": "tritonserver", "model_repository": str(cfg.model_repository), "http": cfg.http_url,
+              "grpc": cfg.grpc_url, "metrics_port": cfg.metrics_port, "openai": launch.url if launch else None}
+    if _already_serving(args, state, wanted):
         return 0
+    check_ports(cfg, launch)  # every port before anything starts (Triton takes tens of seconds to be READY)
     server = TritonServer(cfg).start(detach=args.detach)
     frontend = None
     try:
-        if not args.no_openai:
-            frontend = OpenAIFrontend(frontend_launch(build, cfg, args.openai_port or build.settings.serving.openai_port,
-                                                      _folder(args, build) / "engine")).start(detach=args.detach)
+        if launch is not None:
+            launch.triton_pid = server.proc.pid  # it exits once this tritonserver has
+            frontend = OpenAIFrontend(launch).start(detach=args.detach)
     except BaseException:
         server.stop()
         raise
@@ -500,7 +532,8 @@ def _serve_trtllm(args, build) -> int:
               "command above on a GPU host", file=sys.stderr)
         return EXIT_NOT_INSTALLED
     state = out / "server.json"
-    if _already_serving(state):
+    if _already_serving(args, state, {"server": "trtllm-serve", "http": f"{cfg.address}:{cfg.http_port}",
+                                      "command": cfg.argv}):
         return 0
     server = TrtllmServe(cfg).start(detach=args.detach)
     write_state(state, server)
@@ -559,6 +592,39 @@ def cmd_stop(args) -> int:
               "model did not unload (its log says 'failed to stop server')")
     else:
         print("stopped")
+    return 0
+
+
+def cmd_status(args) -> int:
+    """``trtpipe status``: whether the build's recorded server runs (exit 0) or not (1: none recorded, or it has
+    exited, with what it left running)."""
+    from pipeline.server_state import server_status
+
+    build = _resolve(args)
+    state = _folder(args, build) / "server.json"
+    status = server_status(state)
+    if status is None:
+        print(f"not serving: no server recorded in {state}")
+        return 1
+    program = status.get("server", "tritonserver")
+    if status.get("unreadable"):
+        print(f"not serving: {state} is unreadable (not a server.json trtpipe wrote)")
+        return 1
+    if not status["running"]:
+        left = status["left"] + ([status["openai"]["pid"]] if status["openai_running"] else [])
+        print(f"not serving: the recorded {program} (pid {status.get('pid')}) has exited (crashed or killed; its "
+              f"log: {status.get('log')})" + (f"; still running from it: pid(s) {left}" if left else "")
+              + f". `{_same_build(args, 'serve')}` starts a new one (and removes what is left), "
+              f"`{_same_build(args, 'stop')}` removes what is left")
+        return 1
+    where = f"HTTP {status.get('http')}" + (f", gRPC {status['grpc']}" if "grpc" in status else "")
+    print(f"serving: {program} (pid {status['pid']}, {where}, log {status.get('log')})")
+    if status.get("model_repository"):
+        print(f"  model repository: {status['model_repository']}")
+    if status.get("openai"):
+        state_word = "running" if status["openai_running"] else "exited"
+        print(f"  OpenAI frontend: {status['openai'].get('url')} (pid {status['openai'].get('pid')}, {state_word}, "
+              f"log {status['openai'].get('log')})")
     return 0
 
 
@@ -821,7 +887,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     for name, func, helptext in (("serve", cmd_serve, "start tritonserver (or trtllm-serve) on the build and wait "
                                                       "until it is ready"),
-                                 ("stop", cmd_stop, "stop a server started with serve --detach")):
+                                 ("stop", cmd_stop, "stop a server started with serve --detach"),
+                                 ("status", cmd_status, "say whether the build's server runs (exit 0) or not (1), "
+                                                        "and what a crashed one left running")):
         sp = sub.add_parser(name, help=helptext)
         _add_build_args(sp)
         if name == "serve":

@@ -148,6 +148,8 @@ class FrontendLaunch:
     """Whether the tokenizer's own code may run (the repository's preprocessing ``trust_remote_code``)."""
     context_logits: bool = False
     """The engine returns context logits (the build's limits.gather_context_logits)."""
+    triton_pid: int | None = None
+    """The tritonserver it fronts (its process, or mpirun's): the frontend exits once that process has."""
 
     @property
     def url(self) -> str:
@@ -160,7 +162,7 @@ class FrontendLaunch:
                              max_input_len=self.max_input_len, max_seq_len=self.max_seq_len,
                              add_special_tokens=self.add_special_tokens, host=self.address, port=self.port,
                              triton_model=self.triton_model, trust_remote_code=self.trust_remote_code,
-                             context_logits=self.context_logits)
+                             context_logits=self.context_logits, triton_pid=self.triton_pid)
 
 
 def frontend_launch(build, cfg, port: int, tokenizer_dir: Path) -> FrontendLaunch:

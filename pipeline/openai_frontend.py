@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
     p.add_argument("--triton-model", default="tensorrt_llm_bls", help="the Triton model requests go to (default "
                    "tensorrt_llm_bls: it forwards cancellation; `ensemble` does not)")
+    p.add_argument("--triton-pid", type=int, default=None, help="exit once this process (the local tritonserver "
+                   "`trtpipe serve` started) has exited; without it (Triton elsewhere) /health answers 503 instead")
     return p
 
 
@@ -113,6 +115,10 @@ def main(argv: Optional[list[str]] = None) -> int:
                          max_body_bytes=args.max_body_bytes)
     log.info("API key: %s", "required on every route but /health and /metrics" if key else
              "none (listening on loopback only)")
+    if args.triton_pid:  # exit once the local tritonserver has (SIGTERM first: uvicorn closes its connections)
+        from trtpipe_runtime.lifeline import watch_pid
+
+        watch_pid(args.triton_pid, "tritonserver", grace_s=10.0)
     uvicorn.run(create_app(cfg, api_key=key), host=args.host, port=args.port, log_level="info", access_log=False)
     return 0
 

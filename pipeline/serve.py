@@ -104,6 +104,33 @@ def port_free(port: int, address: str = "127.0.0.1") -> bool:
     return True
 
 
+def check_ports(cfg: ServerConfig, frontend: FrontendLaunch | None = None) -> None:
+    """Refuse a launch whose ports are taken or repeated: tritonserver's three (``cfg``) and, when given, the OpenAI
+    frontend's. Checked before anything starts: the frontend's port, checked only when it started, failed the
+    launch after tritonserver's tens of seconds of model loading.
+
+    Raises:
+        ServerError: a port is named twice, or another process holds one (each named with its option).
+    """
+    ports = [("--http-port", cfg.http_port, cfg.address), ("--grpc-port", cfg.grpc_port, cfg.address),
+             ("--metrics-port", cfg.metrics_port, cfg.address)]
+    if frontend is not None:
+        ports.append(("--openai-port", frontend.port, frontend.address))
+    seen: dict[int, str] = {}
+    for flag, port, _ in ports:
+        if port in seen:
+            raise ServerError(f"{seen[port]} and {flag} are both {port}: each listener needs its own port; pass "
+                              "another to one of them")
+        seen[port] = flag
+    busy = [(flag, port, address) for flag, port, address in ports if not port_free(port, address)]
+    if busy:
+        raise ServerError(f"port(s) {[p for _, p, _ in busy]} on {busy[0][2]} already in use ("
+                          + ", ".join(f"{flag} {port}" for flag, port, _ in busy)
+                          + "): stop the process holding them (`trtpipe stop` if it is a server of this build) or "
+                          "choose other ports (" + ", ".join(flag for flag, _, _ in busy)
+                          + (", or --no-openai" if any(f == "--openai-port" for f, _, _ in busy) else "") + ")")
+
+
 def free_ports(n: int) -> list[int]:
     """``n`` distinct ports that are free on 127.0.0.1 right now (for tests and parallel servers)."""
     socks, ports = [], []
@@ -295,10 +322,7 @@ class TritonServer(_ServerProcess):
         if not (cfg.model_repository / "ensemble" / "config.pbtxt").is_file():
             raise ServerError(f"{cfg.model_repository} is not a model repository built by trtpipe "
                               "(ensemble/config.pbtxt missing): run `trtpipe build` first")
-        busy = [p for p in (cfg.http_port, cfg.grpc_port, cfg.metrics_port) if not port_free(p, cfg.address)]
-        if busy:
-            raise ServerError(f"port(s) {busy} on {cfg.address} already in use: stop the process holding them "
-                              "(`trtpipe stop`) or choose other ports (--http-port/--grpc-port/--metrics-port)")
+        check_ports(cfg)  # again, when the caller checked the frontend's with them (pipeline.cli: serve)
         shm = check_shm()
         if shm:
             log.warning(shm)

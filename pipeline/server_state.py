@@ -47,6 +47,8 @@ def _recorded_process(pid: int, create_time: float | None, program: str) -> bool
 
     try:
         proc = psutil.Process(int(pid))
+        if proc.status() == psutil.STATUS_ZOMBIE:  # it died; its parent has not reaped it (yet)
+            return False
         if create_time is not None:
             return abs(proc.create_time() - float(create_time)) < 0.05
         return any(program in arg for arg in proc.cmdline())
@@ -131,13 +133,8 @@ def reap_orphans(model_repository: Path, since: float | None = None) -> dict:
     """
     import psutil
 
-    root = str(Path(model_repository).resolve()) + os.sep
-    orphans, named = [], set()
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if proc.pid != os.getpid() and any(a.startswith(root) for a in cmd) and not _under_live_server(proc):
-            orphans.append(proc)
-            named.update(a for a in cmd if a.startswith(SHM_PREFIX))
+    orphans = left_behind(model_repository)
+    named = {a for p in orphans for a in _cmdline(p) if a.startswith(SHM_PREFIX)}
     for proc in orphans:
         with contextlib.suppress(psutil.Error):
             proc.kill()
@@ -152,6 +149,21 @@ def reap_orphans(model_repository: Path, since: float | None = None) -> dict:
                 f.unlink()
                 removed += 1
     return {"orphans_killed": len(orphans), "shm_removed": removed}
+
+
+def left_behind(model_repository: Path) -> list:
+    """The live processes (psutil) that run from ``model_repository`` and descend from no live server: what a dead
+    tritonserver left (Python-backend stubs, the engine worker)."""
+    import psutil
+
+    root = str(Path(model_repository).resolve()) + os.sep
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline", "status"]):
+        cmd = proc.info["cmdline"] or []
+        if (proc.pid != os.getpid() and proc.info["status"] != psutil.STATUS_ZOMBIE
+                and any(a.startswith(root) for a in cmd) and not _under_live_server(proc)):
+            out.append(proc)
+    return out
 
 
 SERVER_PROGRAMS = frozenset({"tritonserver", "mpirun", "trtllm-serve"})
@@ -231,10 +243,52 @@ def running_from_state(path: Path) -> dict | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether a process has ``pid`` and has not exited (a zombie, dead but not reaped, has)."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.Error:  # not ours to inspect: it exists
         return True
-    return True
+
+
+def server_status(path: Path) -> dict | None:
+    """What the build's server.json ``path`` records and whether it still runs (``trtpipe status``, and ``serve``
+    before it starts another): None without a server.json, else the recorded entries with ``running`` (the
+    recorded server process is alive: not gone, not a zombie, not a reused pid), ``openai_running`` (the same for
+    the frontend; None when none was recorded) and ``left`` (pids still running from its repository though no
+    live server owns them: what a crashed server left)."""
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text())
+        pid = int(state["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"running": False, "unreadable": str(path), "openai_running": None, "left": []}
+    state["running"] = _recorded_process(pid, state.get("create_time"), state.get("server", TRITONSERVER))
+    front = state.get("openai") or {}
+    state["openai_running"] = (_recorded_process(front["pid"], front.get("create_time"), "openai_frontend")
+                               if front.get("pid") else None)
+    repo = state.get("model_repository")
+    state["left"] = [] if state["running"] or not repo else [p.pid for p in left_behind(Path(repo))]
+    return state
+
+
+def request_differences(running: dict, wanted: dict) -> list[str]:
+    """What a serve request changes in the running server: one ``"<entry>: running <x>, asked <y>"`` per entry of
+    ``wanted`` (server.json's names: server, http, grpc, metrics_port, model_repository, openai (the frontend's URL
+    or None), command) whose value differs from ``running`` (server.json's content). Paths compare resolved."""
+    def value(state, key):
+        v = state.get(key)
+        if key == "openai":
+            v = (v or {}).get("url") if isinstance(v, dict) else v
+        if key == "model_repository" and v:
+            v = str(Path(v).resolve())
+        return v
+
+    names = {"openai": "OpenAI frontend", "model_repository": "model repository", "metrics_port": "metrics port",
+             "http": "HTTP address", "grpc": "gRPC address"}
+    return [f"{names.get(k, k)}: running {value(running, k) or 'none'}, asked {value(wanted, k) or 'none'}"
+            for k in wanted if value(running, k) != value(wanted, k)]

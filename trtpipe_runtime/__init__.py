@@ -18,4 +18,5 @@ Modules:
     decoding: per-request decoding options, validated once for every runtime (the greedy rule, limits).
     detokenize: streamed token ids -> text that never splits a character; stop strings matched on the text.
     triton_io: request tensors -> Python values (needs numpy and the stub's triton_python_backend_utils).
+    lifeline: a stub, the engine worker and the frontend end once the process they serve has exited.
 """

@@ -23,6 +23,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtpipe_runtime.detokenize import IncrementalDetokenizer
+from trtpipe_runtime.lifeline import watch_parent
 
 STATE_TTL_S = 300.0
 """How long a request id's detokenizer outlives its last response (the model never sees a stream's end)."""
@@ -47,6 +48,7 @@ def _check(tokens, lengths):
 
 class TritonPythonModel:
     def initialize(self, args):
+        watch_parent(f"the {args.get('model_name', 'model')} stub")  # ends when tritonserver does, even killed
         from transformers import AutoTokenizer
 
         cfg = _json.loads(args["model_config"])

@@ -13,6 +13,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from trtpipe_runtime.params import param as _param
+from trtpipe_runtime.lifeline import watch_parent
 
 # each input as its error messages name it: the client tensor of the ensemble / BLS it carries, then its own name
 FIELDS = {"QUERY": "text_input (QUERY)", "REQUEST_OUTPUT_LEN": "max_tokens (REQUEST_OUTPUT_LEN)",
@@ -92,6 +93,7 @@ def _embedding_bias(tokenizer, words_rows, weights_rows, vocab):
 
 class TritonPythonModel:
     def initialize(self, args):
+        watch_parent(f"the {args.get('model_name', 'model')} stub")  # ends when tritonserver does, even killed
         from transformers import AutoTokenizer
 
         cfg = _json.loads(args["model_config"])

@@ -26,6 +26,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtpipe_runtime.detokenize import IncrementalDetokenizer, StopMatcher
 from trtpipe_runtime.params import param
+from trtpipe_runtime.lifeline import watch_parent
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # client tensor -> preprocessing tensor
@@ -128,6 +129,7 @@ def _asks_for(request, name):
 
 class TritonPythonModel:
     def initialize(self, args):
+        watch_parent(f"the {args.get('model_name', 'model')} stub")  # ends when tritonserver does, even killed
         cfg = _json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
         self.runtime_inputs = dict(pair.split(":") for pair in _param(cfg, "runtime_input_names").split(",") if pair)

@@ -34,6 +34,7 @@ from trtpipe_runtime.params import param as _param
 from trtpipe_runtime.triton_io import FINAL, opt_scalar as _opt_scalar, output_dtypes as _output_dtypes
 from trtpipe_runtime.triton_io import perf_tensors as _perf_tensors, prompt_ids as _prompt_ids, words as _words
 from trtpipe_runtime.versions import options_file
+from trtpipe_runtime.lifeline import watch_parent
 
 
 def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None, logits=None, top=None):
@@ -90,6 +91,7 @@ def _bias(request):
 
 class TritonPythonModel:
     def initialize(self, args):
+        watch_parent(f"the {args.get('model_name', 'model')} stub")  # ends when tritonserver does, even killed
         cfg = json.loads(args["model_config"])
         try:
             from tensorrt_llm import LLM, SamplingParams

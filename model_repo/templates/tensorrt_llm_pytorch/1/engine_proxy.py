@@ -68,8 +68,8 @@ class _EngineProcess:
                 "(the stub's version): set the engine_python parameter or put it on PATH")
         ours, theirs = socket.socketpair()
         env = dict(_os.environ, PYTHONPATH=_os.pathsep.join(p for p in _sys.path if p))
-        self.proc = subprocess.Popen([python, _WORKER_PY, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                                     env=env)
+        self.proc = subprocess.Popen([python, _WORKER_PY, str(theirs.fileno()), str(_os.getpid())],
+                                     pass_fds=(theirs.fileno(),), env=env)  # it ends when this stub does
         theirs.close()
         self.conn = Connection(ours.detach())
         self.conn.send(("init", engine_dir, settings, device, dtype))

@@ -17,7 +17,9 @@
 #                   None; extra: None, or {"top": [(log probs, ids)] per new token (num_top_logprobs), "prompt":
 #                   (log probs, top log probs, top ids) of the prompt, in the sequence's first item only})
 #                   ("kv", free_blocks or None)
-# The worker exits when the stub's end of the socket closes (the stub died or stopped).
+# The worker exits when the stub's end of the socket closes (the stub died or stopped), and within about half a
+# second of its stub's death even while that socket stays open (trtpipe_runtime.lifeline.watch_parent: argv[2] is
+# the stub's pid).
 
 import json as _json
 import os as _os
@@ -244,11 +246,15 @@ class Worker:
                 _os._exit(0)  # the stub is gone: nothing to deliver to
 
 
-def main(fd):
+def main(fd, parent=None):
+    """Serve the stub on socket ``fd``; ``parent``: the stub's pid (this process ends once it has exited)."""
     from multiprocessing.connection import Connection
 
+    from trtpipe_runtime.lifeline import watch_parent
+
+    watch_parent("the engine worker", parent=parent)
     Worker(Connection(fd)).run()
 
 
 if __name__ == "__main__":
-    main(int(_sys.argv[1]))
+    main(int(_sys.argv[1]), int(_sys.argv[2]) if len(_sys.argv) > 2 else None)

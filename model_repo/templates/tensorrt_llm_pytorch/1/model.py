@@ -43,6 +43,7 @@ from request_parsing import RequestError, RequestParsing
 from trtpipe_runtime.params import choice, param as _param
 from trtpipe_runtime.runtime_config import runtime_settings
 from trtpipe_runtime.triton_io import FINAL, opt_scalar as _opt_scalar, output_dtypes as _output_dtypes
+from trtpipe_runtime.lifeline import watch_parent
 
 EARLY_STOP_S = 60.0
 """How long a `stop` that matched no request is kept for a request with its id that arrives later."""
@@ -50,6 +51,8 @@ EARLY_STOP_S = 60.0
 
 class TritonPythonModel(RequestParsing, Delivery):
     def initialize(self, args):
+        # this stub (and its engine worker) end when tritonserver does, even a killed one (trtpipe_runtime.lifeline)
+        watch_parent(f"the {args.get('model_name', 'model')} stub", on_gone=self._end_worker)
         cfg = _json.loads(args["model_config"])
         self.model_config = cfg
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(cfg)
@@ -106,6 +109,13 @@ class TritonPythonModel(RequestParsing, Delivery):
             f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens, "
             f"response dispatch {self.dispatch}, attention kernels torch may use {info.get('sdpa_backends')}, "
             f"settings {self.settings}")
+
+    def _end_worker(self):
+        """When tritonserver is gone (lifeline's thread, before this stub exits): kill the engine worker now rather
+        than let it notice its parent's exit."""
+        proc = getattr(getattr(self, "manager", None), "proc", None)
+        if proc is not None:
+            proc.kill()
 
     def _start_routing(self, cfg):
         """Route the manager's per-step outputs (dispatcher thread, inline, or the engine process's

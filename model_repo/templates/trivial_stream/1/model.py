@@ -21,6 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from trtpipe_runtime.triton_io import FINAL, opt_scalar as _scalar, output_dtypes as _output_dtypes
 from trtpipe_runtime.triton_io import perf_tensors as _perf_tensors
+from trtpipe_runtime.lifeline import watch_parent
 
 
 class _State:
@@ -35,6 +36,7 @@ class _State:
 
 class TritonPythonModel:
     def initialize(self, args):
+        watch_parent(f"the {args.get('model_name', 'model')} stub")  # ends when tritonserver does, even killed
         cfg = _json.loads(args["model_config"])
         self.output_dtypes = _output_dtypes(cfg)
         value = cfg.get("parameters", {}).get("token_delay_us", {}).get("string_value", "0")
