@@ -517,8 +517,12 @@ def _finish(tokens: int, max_tokens: int, stopped: bool = False, generate: bool 
 
 
 async def _copied(deltas: AsyncIterator[Delta], copies: int) -> AsyncIterator[Delta]:
-    """Each delta as ``copies`` choices (0 ... copies-1): a greedy answer asked for ``n`` > 1 times."""
+    """Each delta as ``copies`` choices (0 ... copies-1): a greedy answer asked for ``n`` > 1 times; with
+    ``copies`` 1, the deltas as they are (sampled ``n`` > 1: each carries its own sequence index)."""
     async for d in deltas:
+        if copies == 1:
+            yield d
+            continue
         for i in range(copies):
             yield Delta(i, d.text, d.tokens, d.logprobs, d.prompt)
 

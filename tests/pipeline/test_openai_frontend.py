@@ -88,6 +88,17 @@ def test_completions_length_limit_seed_and_n(client):
     many = client.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, n=2, temperature=1.0,
                                      seed=3)
     assert sorted(c.index for c in many.choices) == [0, 1] and many.usage.completion_tokens == 16
+    # each sampled sequence is its own choice, whole, streamed and not (all went to choice 0)
+    assert all(c.text for c in many.choices), many.choices
+    chat = client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, n=3, temperature=1.0, seed=5)
+    assert [c.index for c in chat.choices] == [0, 1, 2]
+    assert all(c.message.content for c in chat.choices), chat.choices
+    streamed: dict = {}
+    for chunk in client.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=6, n=3, temperature=1.0,
+                                                seed=5, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+    assert sorted(streamed) == [0, 1, 2] and all(streamed.values()), streamed
 
 
 def test_stop_sequences_end_the_answer(client):
