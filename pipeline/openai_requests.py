@@ -197,7 +197,8 @@ def completion_request(tok, raw: dict, add_special_tokens: bool = False,
                        max_input_len: Optional[int] = None) -> tuple[CompletionBody, list[str]]:
     """A completion body and its prompts: one string or list of token ids, or a list of several (OpenAI's spec
     allows ``str``, ``[str]``, ``[int]`` and ``[[int]]``); token ids are decoded with the model's tokenizer ``tok``
-    (with ``add_special_tokens``, as the preprocessing model tokenizes, a leading BOS id is left for it to add).
+    (with ``add_special_tokens``, as the preprocessing model tokenizes, a leading BOS id is left for it to add
+    where the tokenizer adds one).
     APIError 400 on a body that does not validate, more than :data:`MAX_PROMPTS` prompts, several prompts with
     ``stream: true``, ids outside the vocabulary or that the tokenizer would not give back from their text (the
     Triton models take text, so such ids cannot be served as sent), ``max_tokens: 0`` without ``echo``, or
@@ -220,8 +221,9 @@ def completion_request(tok, raw: dict, add_special_tokens: bool = False,
             raise APIError(400, f"prompt: {longest} token ids; this model takes at most {max_input_len} "
                                 "(max_input_len)", param="prompt", code="context_length_exceeded")
     bos = getattr(tok, "bos_token_id", None)
-    prompts = [p if isinstance(p, str) else
-               _ids_prompt(tok, p[1:] if add_special_tokens and p[:1] == [bos] else p) for p in sent]
+    adds_bos = add_special_tokens and bos is not None and tok.encode("a", add_special_tokens=True)[:1] == [bos]
+    prompts = [p if isinstance(p, str) else _ids_prompt(tok, p[1:] if adds_bos and p[:1] == [bos] else p)
+               for p in sent]
     if body.suffix:
         raise APIError(400, "suffix is not supported by this server", param="suffix")
     if body.max_tokens == 0 and not body.echo:

@@ -710,7 +710,8 @@ def validate_tool_request(tools: Any, tool_choice: Any, chat_template: Optional[
     if choice == "auto":
         fmt = tool_format(chat_template)
         if fmt is None:
-            raise _bad("tool_choice", "\"auto\": this model's chat template has no tool-call format this server "
+            raise _bad("tool_choice", "\"auto\" (the default when tools are sent): this model's chat template has no "
+                                      "tool-call format this server "
                                       f"reads ({', '.join(TOOL_FORMATS)}), so it would not call a tool: send "
                                       "\"required\" or a named function (the call is then forced by a schema), or "
                                       "\"none\"")

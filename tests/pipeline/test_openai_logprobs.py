@@ -237,3 +237,16 @@ def test_whole_chat_answer_and_a_runtime_without_them(tok, tokenizer_dir):
     assert status == 400 and err["param"] == "logprobs" and "runtime pytorch" in err["message"] and not triton.asked
     status, _ = _post(tokenizer_dir, triton, "/v1/chat/completions", {**chat, "logprobs": None, "top_logprobs": None})
     assert status == 200  # without log probabilities it is served
+
+
+def test_a_leading_bos_id_is_kept_where_the_tokenizer_adds_none(tok):
+    """With add_special_tokens (as the preprocessing model tokenizes), a leading BOS id is left for the tokenizer to
+    add only where it adds one: SmolLM2's adds none, so [bos, a, b] is scored as sent, all three tokens."""
+    from pipeline.openai_requests import completion_request
+
+    bos = tok.bos_token_id
+    assert bos is not None and tok.encode("a", add_special_tokens=True)[:1] != [bos]  # the precondition
+    ids = [bos] + tok.encode(" Paris is", add_special_tokens=False)
+    body, [prompt] = completion_request(tok, {"model": MODEL, "prompt": ids, "max_tokens": 0, "echo": True,
+                                              "logprobs": 0}, add_special_tokens=True)
+    assert tok.encode(prompt, add_special_tokens=True) == ids
