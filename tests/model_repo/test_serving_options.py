@@ -452,7 +452,8 @@ def _engine_workers(server):
 def test_stop_ends_a_busy_server_and_its_stubs(engine_dir, tmp_path):
     """Its own server, with a 5 s exit timeout (30 s by default). With a stream still generating, tritonserver
     gives up unloading after its exit timeout and leaves its Python-backend stubs running (they ignore
-    SIGTERM); stop must end them and say it had to."""
+    SIGTERM); stop must kill it and say it had to, and no stub may outlive it (each ends itself once tritonserver
+    is gone, trtpipe_runtime.lifeline; stop kills any that has not)."""
     import psutil
     import tritonclient.grpc as grpcclient
 
@@ -471,8 +472,8 @@ def test_stop_ends_a_busy_server_and_its_stubs(engine_dir, tmp_path):
     result = server.stop(timeout=10)  # the stream is still open and generating; past its exit timeout
     # tritonserver 2.51 logs "Exit timeout expired", then crashed in its exit and had not ended 35 s later: 10 s
     client.close()
-    assert result["forced"] and result["stubs_killed"] >= 1 and result["wait_s"] >= 4, result
+    assert result["forced"] and result["wait_s"] >= 4, result
     assert not [p.pid for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    # the killed stubs' shared-memory regions do not stay behind in /dev/shm
-    assert regions and result["shm_removed"] >= 1
+    # the stubs' shared-memory regions do not stay behind in /dev/shm (stop removes what no process removed)
+    assert regions
     assert not [r for r in regions if (Path("/dev/shm") / r).exists()], regions
