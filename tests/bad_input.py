@@ -586,8 +586,8 @@ OPENAI_KINDS: dict[str, tuple] = {  # kind -> (path, body: dict or raw bytes, st
                                      "prompt"),
     "completion_prompt_ids_outside_vocabulary": (COMPLETIONS, {"model": MODEL_ID, "prompt": [1, 10**7],
                                                                "max_tokens": 8}, (400,), "prompt"),
-    "completion_several_prompts": (COMPLETIONS, {"model": MODEL_ID, "prompt": ["a", "b"], "max_tokens": 8}, (400,),
-                                   "prompt"),
+    "completion_several_prompts_streamed": (COMPLETIONS, {"model": MODEL_ID, "prompt": ["a", "b"], "max_tokens": 8,
+                                                           "stream": True}, (400,), "prompt"),
     "stop_lone_surrogate": (COMPLETIONS, b'{"model": "smollm2-135m", "prompt": "Hi", "max_tokens": 4, "stop": '
                                          b'["\\udc80"]}', (400,), "stop"),
 }
