@@ -13,6 +13,8 @@ import os
 import time
 from pathlib import Path
 
+from trtpipe_runtime.lifeline import drain, drain_done
+
 log = logging.getLogger("trtpipe")
 
 TRITONSERVER = "tritonserver"
@@ -57,7 +59,7 @@ def _recorded_process(pid: int, create_time: float | None, program: str) -> bool
 
 
 def terminate_server(pid: int, timeout: float = 40.0) -> dict:
-    """SIGTERM a tritonserver (or trtllm-serve), wait up to ``timeout`` s (tritonserver waits up to its own exit
+    """Ask a tritonserver's runtime to end its requests in flight (trtpipe_runtime.lifeline.drain), SIGTERM it (or trtllm-serve), wait up to ``timeout`` s (tritonserver waits up to its own exit
     timeout, 30 s, for in-flight requests), then SIGKILL it; then SIGKILL every process it had started that is
     still alive (tritonserver's Python-backend stubs; trtllm-serve's worker processes). Stubs outlive a server that
     gave up unloading a busy model (e.g. an ensemble request still generating) and ignore SIGTERM; each holds a
@@ -79,6 +81,8 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
         return {"forced": False, "stubs_killed": 0, "wait_s": 0.0, "shm_removed": 0}
     forced, t0 = False, time.monotonic()
     with contextlib.suppress(psutil.Error):
+        if server.name() == TRITONSERVER:  # requests in flight end first (an ensemble stream would outlive SIGTERM)
+            drain(pid)
         server.terminate()
     try:
         server.wait(timeout)
@@ -89,6 +93,7 @@ def terminate_server(pid: int, timeout: float = 40.0) -> dict:
             server.wait(10)
     except psutil.Error:
         pass
+    drain_done(pid)
     wait_s = time.monotonic() - t0
     _, alive = psutil.wait_procs(stubs, timeout=5)
     for p in alive:

@@ -19,11 +19,14 @@ engine worker) is known to live as long as its process; a system call twice a se
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 PERIOD_S = 0.5
 """Seconds between two checks: how long a process may outlive the one it works for, about."""
@@ -101,3 +104,88 @@ def watch_pid(pid: int, what: str, *, on_gone=None, exit_code: int = 1, period_s
     why = f"pid {os.getpid()}: the {what} it serves (pid {pid}) has exited: exiting too"
     return _watch(lambda: start_time(pid) != started, why, on_gone, exit_code, period_s, grace_s,
                   "trtpipe-pid-watch")
+
+
+
+DRAIN_NAME = "trtpipe-drain"
+"""The drain file's name in the temporary directory: ``trtpipe-drain-<tritonserver pid>`` (what ``trtpipe stop``
+writes), or ``trtpipe-drain`` (any server: a container's preStop hook, where one server runs)."""
+
+
+STOPPING = ("the server is shutting down (tritonserver is stopping): this request was ended before it finished; send "
+            "it again once a server is running")
+"""The error of every request a drain ends, and of each new one."""
+
+
+def draining() -> bool:
+    """Whether a drain of this process's parent tritonserver is under way (a drain file exists: :func:`drain`)."""
+    return any(f.exists() for f in drain_files(os.getppid()))
+
+
+def drain_files(server_pid: int) -> tuple[Path, Path]:
+    """The files whose presence asks the runtime under tritonserver ``server_pid`` to end its requests in flight:
+    (the server's own, the generic one), both in :func:`tempfile.gettempdir`. A drain file stays until the server
+    has exited (:func:`drain` is told to remove it then); the runtime answers with ``<drain file>.ack``."""
+    tmp = Path(tempfile.gettempdir())
+    return tmp / f"{DRAIN_NAME}-{int(server_pid)}", tmp / DRAIN_NAME
+
+
+def watch_drain(on_drain, *, period_s: float = PERIOD_S) -> threading.Thread:
+    """Call ``on_drain()`` once a drain file (:func:`drain_files` of this process's parent, tritonserver) appears,
+    then write its ``.ack`` file (what :func:`drain` waits for); checked every ``period_s`` seconds on a daemon
+    thread.
+
+    Why: on SIGTERM tritonserver 2.51 refuses new inferences at once, the ensemble's next postprocessing step
+    included, then waits up to its exit timeout (30 s) for requests in flight; an ensemble request still streaming
+    never ends, and Triton exits anyway and crashes in its exit (SIGSEGV after "Exit timeout expired",
+    server/src/main.cc). Nothing tells a Python-backend model (``finalize`` comes after the wait), so whoever
+    stops the server asks the runtime first, while the server can still deliver the requests' errors.
+
+    Returns the watching thread (started).
+    """
+    parent = os.getppid()
+    files = drain_files(parent)
+
+    def loop():
+        while os.getppid() == parent:
+            time.sleep(period_s)
+            found = [f for f in files if f.exists()]
+            if found:
+                on_drain()
+                for f in found:
+                    with contextlib.suppress(OSError):
+                        f.with_name(f.name + ".ack").touch()
+                return
+
+    thread = threading.Thread(target=loop, name="trtpipe-drain-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def drain(server_pid: int, timeout_s: float = 8.0) -> bool:
+    """Ask the runtime under tritonserver ``server_pid`` to end every request in flight with :data:`STOPPING` and to
+    refuse new ones (:func:`watch_drain`), before the server is sent SIGTERM: writes the drain file and waits up to
+    ``timeout_s`` seconds for the runtime's acknowledgement. Call :func:`drain_done` once the server has exited.
+
+    Returns True when the runtime acknowledged; False when none did (a runtime without the watch, e.g. the
+    TensorRT-LLM C++ backend, or one that was busy for longer than ``timeout_s``).
+    """
+    path = drain_files(server_pid)[0]
+    try:
+        path.touch()
+    except OSError:
+        return False
+    ack = path.with_name(path.name + ".ack")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ack.exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def drain_done(server_pid: int) -> None:
+    """Remove the drain file of tritonserver ``server_pid`` and its acknowledgement (after the server exited)."""
+    path = drain_files(server_pid)[0]
+    for f in (path, path.with_name(path.name + ".ack")):
+        f.unlink(missing_ok=True)

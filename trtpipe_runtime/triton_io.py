@@ -9,6 +9,12 @@ import triton_python_backend_utils as pb_utils
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
+ERROR_APART = "trtpipe_error_apart"
+"""The request parameter (bool) with which tensorrt_llm_bls asks the portable runtime for a mid-stream error and the
+final flag in two responses: Triton 2.51's BLS response iterator loses an error sent with the final flag, while an
+ensemble whose step sends them apart never releases its request (tritonserver then waits out its exit timeout at
+stop and crashes). Other callers get them in one response."""
+
 
 def opt_scalar(request, name, default=None):
     """First element of an optional request input as a Python scalar; ``default`` when absent or empty."""

@@ -110,3 +110,43 @@ def test_start_time_sees_a_zombie_as_gone_and_watch_pid_refuses_a_dead_pid():
             watch_pid(proc.pid, "tritonserver")
     finally:
         proc.wait(10)
+
+
+# watches for a drain of its parent (this test process): on it, says so and waits half a second (the runtime ends its
+# requests here) before the acknowledgement
+WATCH_DRAIN = ("import os, sys, time; from trtpipe_runtime.lifeline import draining, watch_drain\n"
+               "watch_drain(lambda: (os.write(1, b'drained %d\\n' % draining()), time.sleep(0.5)), period_s=0.05)\n"
+               "os.write(1, b'ready\\n'); time.sleep(600)\n")
+
+
+def test_a_drain_is_seen_by_the_runtime_and_acknowledged_only_after_it_ran(tmp_path, monkeypatch):
+    from trtpipe_runtime import lifeline
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the drain files of this test only
+    monkeypatch.setattr(lifeline.tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    child = subprocess.Popen([sys.executable, "-c", WATCH_DRAIN], stdout=subprocess.PIPE, text=True,
+                             env={**_env(), "TMPDIR": str(tmp_path)})
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        mine = lifeline.drain_files(os.getpid())[0]
+        assert mine.parent == tmp_path and not mine.exists()
+        t0 = time.monotonic()
+        assert lifeline.drain(os.getpid(), timeout_s=DEADLINE_S) is True
+        assert time.monotonic() - t0 >= 0.5  # not before on_drain returned
+        assert child.stdout.readline().strip() == "drained 1"  # it ran while the drain file was there
+        assert mine.exists()  # kept until the server has exited: the BLS asks draining() meanwhile
+        lifeline.drain_done(os.getpid())
+        assert not list(tmp_path.iterdir())
+    finally:
+        _kill(child.pid)
+        child.wait()
+
+
+def test_a_drain_nobody_watches_says_so_and_waits_no_longer_than_asked(tmp_path, monkeypatch):
+    from trtpipe_runtime import lifeline
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(lifeline.tempfile, "tempdir", None)
+    assert lifeline.drain(os.getpid(), timeout_s=0.2) is False
+    lifeline.drain_done(os.getpid())
+    assert not list(tmp_path.iterdir())

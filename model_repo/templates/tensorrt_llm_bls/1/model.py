@@ -26,7 +26,8 @@ import triton_python_backend_utils as pb_utils
 
 from trtpipe_runtime.detokenize import IncrementalDetokenizer, StopMatcher
 from trtpipe_runtime.params import param
-from trtpipe_runtime.lifeline import watch_parent
+from trtpipe_runtime.triton_io import ERROR_APART
+from trtpipe_runtime.lifeline import STOPPING, draining, watch_parent
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # client tensor -> preprocessing tensor
@@ -193,13 +194,14 @@ class TritonPythonModel:
         """What tensorrt_llm says when it cannot serve (its stub died: Triton's "not healthy"; its engine worker
         died: the runtime's reason), else None. The probe is a `stop` without a request id, which a live model
         refuses at once for the missing id."""
+        error = None
         try:
-            for resp in TritonPythonModel._stop_request(""):
-                if resp.has_error() and "needs the request_id" not in resp.error().message():
-                    return resp.error().message()
+            for resp in TritonPythonModel._stop_request(""):  # read to its end: an unread stream keeps this model
+                if error is None and resp.has_error() and "needs the request_id" not in resp.error().message():
+                    error = resp.error().message()  # from unloading, and tritonserver from stopping
         except Exception as exc:
             return str(exc)
-        return None
+        return error
 
     @staticmethod
     def _probe_dead():
@@ -243,6 +245,8 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError("request cancelled"))
 
     def _generate(self, request, live):
+        if draining():  # tritonserver is about to stop (trtpipe_runtime.lifeline.drain)
+            raise RuntimeError(STOPPING)
         _check_inputs(request)
         pre_in = [pb_utils.Tensor(dst, t.as_numpy()) for src, dst in PRE_INPUTS.items()
                   if (t := pb_utils.get_input_tensor_by_name(request, src)) is not None]
@@ -262,8 +266,8 @@ class TritonPythonModel:
                 return
             with live.lock:
                 live.started = True
-            stream = pb_utils.InferenceRequest(
-                model_name="tensorrt_llm", inputs=llm_in, request_id=live.inner_id,
+            stream = pb_utils.InferenceRequest(  # a mid-stream error apart from the final flag (see ERROR_APART)
+                model_name="tensorrt_llm", inputs=llm_in, request_id=live.inner_id, parameters={ERROR_APART: True},
                 requested_output_names=["output_ids", "sequence_length"] + self.pass_outputs).exec(decoupled=True)
         finally:
             self.pending.release()
@@ -336,6 +340,8 @@ class TritonPythonModel:
                 if len(matchers) >= n_seq and live.claim_stop():  # every sequence stopped: free the runtime
                     self._stop(live.inner_id, stream)
                     ended_by_stop = True
+        if not live.cancelled and not ended_by_stop and draining():  # tensorrt_llm ended it for a drain
+            raise RuntimeError(STOPPING)
         if not last_had_tokens and not live.cancelled and not ended_by_stop:  # ended on an empty response: failed
             raise RuntimeError(self._why_ended())
         for seq, matcher in matchers.items():  # the text a possible stop string held back, at the end

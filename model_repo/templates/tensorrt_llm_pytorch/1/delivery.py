@@ -19,12 +19,13 @@ class _Group:
     (2.51) releases a response factory after its final response, and an is_cancelled() that reaches a
     released one crashes the server (TRITONBACKEND_ResponseFactoryIsCancelled; server issues #8192, #8034)."""
 
-    __slots__ = ("remaining", "closed", "lock")
+    __slots__ = ("remaining", "closed", "lock", "error_apart")
 
-    def __init__(self, n):
+    def __init__(self, n, error_apart=False):
         self.remaining = n
         self.closed = False
         self.lock = threading.Lock()
+        self.error_apart = error_apart  # the caller is tensorrt_llm_bls (ERROR_APART): see send_final
 
     def send_final(self, sender, response=None):
         """Send the request's FINAL response unless one was sent; True when this call sent it."""
@@ -34,8 +35,11 @@ class _Group:
             self.closed = True
             if response is None:
                 sender.send(flags=FINAL)
-            elif response.has_error():  # apart: Triton 2.51's BLS iterator loses an error sent with FINAL mid-stream
-                sender.send(response)    # and then waits forever; this way its caller at least sees the end
+            elif response.has_error() and self.error_apart:
+                # Triton 2.51's BLS iterator loses an error sent with FINAL mid-stream and then waits forever, so
+                # the BLS gets them apart; the ensemble must get them together: sent apart, its request is never
+                # released, and tritonserver waits out its exit timeout at stop and crashes (SIGSEGV)
+                sender.send(response)
                 sender.send(flags=FINAL)
             else:
                 sender.send(response, flags=FINAL)

@@ -42,11 +42,23 @@ from engine_proxy import _EngineProcess
 from request_parsing import RequestError, RequestParsing
 from trtpipe_runtime.params import choice, param as _param
 from trtpipe_runtime.runtime_config import runtime_settings
-from trtpipe_runtime.triton_io import FINAL, opt_scalar as _opt_scalar, output_dtypes as _output_dtypes
-from trtpipe_runtime.lifeline import watch_parent
+from trtpipe_runtime.triton_io import ERROR_APART, FINAL, opt_scalar as _opt_scalar, output_dtypes as _output_dtypes
+from trtpipe_runtime.lifeline import STOPPING, watch_drain, watch_parent
+
+QUIET_S = 0.5
+"""Seconds after a drain began, and without a new request, after which it is acknowledged (at most ten times as
+long): time for tensorrt_llm_bls to relay the ends to its clients."""
 
 EARLY_STOP_S = 60.0
 """How long a `stop` that matched no request is kept for a request with its id that arrives later."""
+
+
+def _error_apart(request) -> bool:
+    """Whether the request carries the parameter ERROR_APART = true (tensorrt_llm_bls sets it)."""
+    try:
+        return _json.loads(request.parameters() or "{}").get(ERROR_APART) is True
+    except (ValueError, AttributeError):
+        return False
 
 
 class TritonPythonModel(RequestParsing, Delivery):
@@ -98,6 +110,8 @@ class TritonPythonModel(RequestParsing, Delivery):
         self._published_seconds = dict(self.response_seconds)
         self._init_metrics()
         self.stop_event = threading.Event()
+        self.stopping = None  # STOPPING once tritonserver shuts down
+        self.last_arrival = 0.0  # time.monotonic() of the last execute()
         try:
             self._start_routing(cfg)
         except BaseException:
@@ -109,6 +123,30 @@ class TritonPythonModel(RequestParsing, Delivery):
             f"{self.max_batch_size}, KV pool {self.num_blocks} blocks x {self.tokens_per_block} tokens, "
             f"response dispatch {self.dispatch}, attention kernels torch may use {info.get('sdpa_backends')}, "
             f"settings {self.settings}")
+        # `trtpipe stop` (or a preStop hook) asks for requests in flight to end before it sends SIGTERM
+        watch_drain(self._server_stopping)
+
+    def _server_stopping(self):
+        """tritonserver is about to stop (lifeline's drain): end every request in flight with :data:`STOPPING`
+        (their KV blocks freed) and refuse new ones, so that it exits at once and cleanly on its SIGTERM."""
+        with self.lock:
+            self.stopping = STOPPING
+            live = [s for s in self.requests.values() if not s.done]
+            for state in live:
+                if state.group.error_apart:
+                    state.cancelled = True
+                else:
+                    self._cancel_locked(state, STOPPING)
+        # tensorrt_llm_bls's requests end as a `stop` ends them (the BLS sees the drain and tells its client why):
+        # one that ends with an error leaves that model unable to unload in Triton 2.51
+        self._end_early([state for state in live if state.group.error_apart])
+        pb_utils.Logger.log_warn("tensorrt_llm[pytorch]: tritonserver is stopping: requests in flight ended, new ones "
+                                 "refused")
+        # return (the drain's acknowledgement) once no request came for QUIET_S: tensorrt_llm_bls asks here why
+        # each stream ended, and a BLS call still in flight at SIGTERM keeps that model from unloading
+        start = time.monotonic()
+        while time.monotonic() - start < 10 * QUIET_S and time.monotonic() - max(self.last_arrival, start) < QUIET_S:
+            time.sleep(QUIET_S / 10)
 
     def _end_worker(self):
         """When tritonserver is gone (lifeline's thread, before this stub exits): kill the engine worker now rather
@@ -216,6 +254,7 @@ class TritonPythonModel(RequestParsing, Delivery):
 
     # ---- request intake -----------------------------------------------------------------------
     def execute(self, requests):
+        self.last_arrival = time.monotonic()
         for request in requests:
             sender = request.get_response_sender() if self.decoupled else None
             try:
@@ -233,7 +272,7 @@ class TritonPythonModel(RequestParsing, Delivery):
             with self.lock:
                 self.stats["requests_failed"] += 1
         response = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
-        if sender is not None:
+        if sender is not None:  # error and final together, also for the BLS: apart, its first response is lost
             sender.send(response, flags=FINAL)
         else:
             raise pb_utils.TritonModelException(message)
@@ -244,6 +283,8 @@ class TritonPythonModel(RequestParsing, Delivery):
         if bool(_opt_scalar(request, "stop", False)):
             self._stop(request, sender)
             return
+        if self.stopping:
+            raise RequestError(self.stopping)
         if self.early_stops and self.early_stops.pop(request.request_id(), None) is not None:
             with self.lock:
                 self.stats["requests_cancelled"] += 1
@@ -282,7 +323,7 @@ class TritonPythonModel(RequestParsing, Delivery):
             raise RequestError(f"overloaded: {waiting} requests wait for a batch slot and serving.max_queue_size is "
                                f"{limit}: retry later")
         prompts = [self._score_prompt(row) for row in rows]  # before any sequence is registered (it may raise)
-        group = _Group(n_total)
+        group = _Group(n_total, error_apart=_error_apart(request))
         perf = bool(_opt_scalar(request, "return_perf_metrics", False))
         streaming = bool(_opt_scalar(request, "streaming", False))
         states = []
@@ -357,14 +398,19 @@ class TritonPythonModel(RequestParsing, Delivery):
                 now = time.monotonic()
                 self.early_stops = {k: t for k, t in self.early_stops.items() if now - t < EARLY_STOP_S}
                 self.early_stops[triton_id] = now
-        for state in stopped:
-            self.manager.cancel_request(state.rid)  # the library frees its KV blocks
+        self._end_early(stopped)
+        sender.send(flags=FINAL)
+
+    def _end_early(self, states):
+        """End each sequence now, normally: the library frees its KV blocks, and its final response holds what it
+        had not yet sent (``state.cancelled`` set by the caller, under the lock)."""
+        for state in states:
+            self.manager.cancel_request(state.rid)
             tokens = list(state.tokens)
             if state.streaming:
                 self._send(state, tokens[state.sent:], state.sent, final=True)
             else:
                 self._send(state, tokens, 0, final=True)
-        sender.send(flags=FINAL)
 
     def _cancel_locked(self, state, message):
         """End a live sequence early (caller holds self.lock): the library frees its KV blocks, and the
