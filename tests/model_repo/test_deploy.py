@@ -527,3 +527,30 @@ def test_the_frontend_is_told_when_the_engine_returns_context_logits(tmp_path):
         assert ("--context-logits" in plan.openai) is want
         launch = frontend_launch(build, ServerConfig(model_repository=tmp_path / "repo"), 9000, tmp_path)
         assert build_parser().parse_args(launch.argv()[3:]).context_logits is want
+
+
+def test_the_portable_runtime_pod_drains_its_requests_before_sigterm(tmp_path):
+    """Its preStop hook asks the runtime to end requests in flight (trtpipe_runtime.lifeline) and waits for the
+    acknowledgement; run here against a process that watches as the runtime does, /tmp swapped for a folder of its
+    own. The C++ backend has no such watch: no hook."""
+    import shlex
+    import subprocess
+    import sys
+
+    from model_repo.deploy import PRE_STOP_DRAIN
+
+    pod = kubernetes(plan_deployment(load_spec(DEFAULT, "cpu"), get_target("cpu"), tmp_path / "a"))[0]
+    triton = pod["spec"]["template"]["spec"]["containers"][0]
+    assert triton["lifecycle"]["preStop"]["exec"]["command"] == ["bash", "-c", PRE_STOP_DRAIN]
+    engine = kubernetes(plan_deployment(_gpu_build(tmp_path / "b"), get_target("h100"), tmp_path / "b"))[0]
+    assert "lifecycle" not in engine["spec"]["template"]["spec"]["containers"][0]
+
+    watcher = ("import os, time; from trtpipe_runtime.lifeline import watch_drain\n"
+               "watch_drain(lambda: os.write(1, b'drained\\n'), period_s=0.05)\n"
+               "os.write(1, b'ready\\n'); time.sleep(600)\n")
+    hook = f"bash -c {shlex.quote(PRE_STOP_DRAIN.replace('/tmp', str(tmp_path)))} && echo acknowledged"
+    # the hook's shell is the watcher's parent, as tritonserver is the runtime's
+    script = f"{shlex.quote(sys.executable)} -c {shlex.quote(watcher)} & sleep 1; {hook}; kill $!"
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO_ROOT)})
+    assert out.stdout.split() == ["ready", "drained", "acknowledged"], out.stderr
