@@ -125,7 +125,8 @@ def draining() -> bool:
 def drain_files(server_pid: int) -> tuple[Path, Path]:
     """The files whose presence asks the runtime under tritonserver ``server_pid`` to end its requests in flight:
     (the server's own, the generic one), both in :func:`tempfile.gettempdir`. A drain file stays until the server
-    has exited (:func:`drain` is told to remove it then); the runtime answers with ``<drain file>.ack``."""
+    has exited (:func:`drain_done` removes it then); a watching runtime marks itself with ``<drain file>.watch`` and
+    answers with ``<drain file>.ack``."""
     tmp = Path(tempfile.gettempdir())
     return tmp / f"{DRAIN_NAME}-{int(server_pid)}", tmp / DRAIN_NAME
 
@@ -145,6 +146,8 @@ def watch_drain(on_drain, *, period_s: float = PERIOD_S) -> threading.Thread:
     """
     parent = os.getppid()
     files = drain_files(parent)
+    with contextlib.suppress(OSError):  # tells drain() a runtime watches (else it would wait for nothing)
+        _suffixed(files[0], ".watch").touch()
 
     def loop():
         while os.getppid() == parent:
@@ -154,7 +157,7 @@ def watch_drain(on_drain, *, period_s: float = PERIOD_S) -> threading.Thread:
                 on_drain()
                 for f in found:
                     with contextlib.suppress(OSError):
-                        f.with_name(f.name + ".ack").touch()
+                        _suffixed(f, ".ack").touch()
                 return
 
     thread = threading.Thread(target=loop, name="trtpipe-drain-watch", daemon=True)
@@ -167,15 +170,18 @@ def drain(server_pid: int, timeout_s: float = 8.0) -> bool:
     refuse new ones (:func:`watch_drain`), before the server is sent SIGTERM: writes the drain file and waits up to
     ``timeout_s`` seconds for the runtime's acknowledgement. Call :func:`drain_done` once the server has exited.
 
-    Returns True when the runtime acknowledged; False when none did (a runtime without the watch, e.g. the
-    TensorRT-LLM C++ backend, or one that was busy for longer than ``timeout_s``).
+    Returns True when the runtime acknowledged; False at once when no runtime of that server watches (its
+    ``.watch`` file, written by :func:`watch_drain`, is absent: e.g. the TensorRT-LLM C++ backend), and False when
+    it did not answer within ``timeout_s``.
     """
     path = drain_files(server_pid)[0]
+    if not _suffixed(path, ".watch").exists():  # no runtime of this server watches
+        return False
     try:
         path.touch()
     except OSError:
         return False
-    ack = path.with_name(path.name + ".ack")
+    ack = _suffixed(path, ".ack")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if ack.exists():
@@ -185,7 +191,12 @@ def drain(server_pid: int, timeout_s: float = 8.0) -> bool:
 
 
 def drain_done(server_pid: int) -> None:
-    """Remove the drain file of tritonserver ``server_pid`` and its acknowledgement (after the server exited)."""
+    """Remove the drain file of tritonserver ``server_pid``, its acknowledgement and the watch mark (after the server
+    exited)."""
     path = drain_files(server_pid)[0]
-    for f in (path, path.with_name(path.name + ".ack")):
+    for f in (path, _suffixed(path, ".ack"), _suffixed(path, ".watch")):
         f.unlink(missing_ok=True)
+
+
+def _suffixed(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)

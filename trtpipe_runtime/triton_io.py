@@ -10,10 +10,11 @@ import triton_python_backend_utils as pb_utils
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 ERROR_APART = "trtpipe_error_apart"
-"""The request parameter (bool) with which tensorrt_llm_bls asks the portable runtime for a mid-stream error and the
-final flag in two responses: Triton 2.51's BLS response iterator loses an error sent with the final flag, while an
-ensemble whose step sends them apart never releases its request (tritonserver then waits out its exit timeout at
-stop and crashes). Other callers get them in one response."""
+"""The request parameter (bool) by which tensorrt_llm_bls tells the portable runtime it is the caller: a mid-stream
+error then ends its stream with a bare final flag (Triton 2.51 loses such an error on the way to a BLS caller, and
+one sent without the final flag leaves the BLS model unable to unload), and the BLS asks `tensorrt_llm` why. Other
+callers (the ensemble, clients) get error and final flag in one response: sent apart, the ensemble never releases
+its request, and tritonserver then waits out its exit timeout at stop and crashes."""
 
 
 def opt_scalar(request, name, default=None):

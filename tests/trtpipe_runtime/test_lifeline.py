@@ -142,11 +142,15 @@ def test_a_drain_is_seen_by_the_runtime_and_acknowledged_only_after_it_ran(tmp_p
         child.wait()
 
 
-def test_a_drain_nobody_watches_says_so_and_waits_no_longer_than_asked(tmp_path, monkeypatch):
+def test_a_drain_nobody_watches_returns_at_once_and_one_unanswered_waits_no_longer_than_asked(tmp_path, monkeypatch):
     from trtpipe_runtime import lifeline
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(lifeline.tempfile, "tempdir", None)
+    t0 = time.monotonic()
+    assert lifeline.drain(os.getpid(), timeout_s=DEADLINE_S) is False  # no runtime marked itself: no wait at all
+    assert time.monotonic() - t0 < DEADLINE_S / 2
+    (tmp_path / f"{lifeline.DRAIN_NAME}-{os.getpid()}.watch").touch()  # a watcher that died without answering
     assert lifeline.drain(os.getpid(), timeout_s=0.2) is False
     lifeline.drain_done(os.getpid())
     assert not list(tmp_path.iterdir())

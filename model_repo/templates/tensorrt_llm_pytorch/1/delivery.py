@@ -36,10 +36,10 @@ class _Group:
             if response is None:
                 sender.send(flags=FINAL)
             elif response.has_error() and self.error_apart:
-                # Triton 2.51's BLS iterator loses an error sent with FINAL mid-stream and then waits forever, so
-                # the BLS gets them apart; the ensemble must get them together: sent apart, its request is never
+                # to tensorrt_llm_bls (Triton 2.51) a mid-stream error is lost, with FINAL or without, and one sent
+                # without leaves that model unable to unload: the bare FINAL ends its stream empty, and the BLS asks
+                # tensorrt_llm why. The ensemble must get error and FINAL together: apart, its request is never
                 # released, and tritonserver waits out its exit timeout at stop and crashes (SIGSEGV)
-                sender.send(response)
                 sender.send(flags=FINAL)
             else:
                 sender.send(response, flags=FINAL)

@@ -131,15 +131,8 @@ class TritonPythonModel(RequestParsing, Delivery):
         (their KV blocks freed) and refuse new ones, so that it exits at once and cleanly on its SIGTERM."""
         with self.lock:
             self.stopping = STOPPING
-            live = [s for s in self.requests.values() if not s.done]
-            for state in live:
-                if state.group.error_apart:
-                    state.cancelled = True
-                else:
-                    self._cancel_locked(state, STOPPING)
-        # tensorrt_llm_bls's requests end as a `stop` ends them (the BLS sees the drain and tells its client why):
-        # one that ends with an error leaves that model unable to unload in Triton 2.51
-        self._end_early([state for state in live if state.group.error_apart])
+            for state in [s for s in self.requests.values() if not s.done]:
+                self._cancel_locked(state, STOPPING)  # the BLS's end empty: it sees the drain, tells its client why
         pb_utils.Logger.log_warn("tensorrt_llm[pytorch]: tritonserver is stopping: requests in flight ended, new ones "
                                  "refused")
         # return (the drain's acknowledgement) once no request came for QUIET_S: tensorrt_llm_bls asks here why
@@ -398,19 +391,14 @@ class TritonPythonModel(RequestParsing, Delivery):
                 now = time.monotonic()
                 self.early_stops = {k: t for k, t in self.early_stops.items() if now - t < EARLY_STOP_S}
                 self.early_stops[triton_id] = now
-        self._end_early(stopped)
-        sender.send(flags=FINAL)
-
-    def _end_early(self, states):
-        """End each sequence now, normally: the library frees its KV blocks, and its final response holds what it
-        had not yet sent (``state.cancelled`` set by the caller, under the lock)."""
-        for state in states:
-            self.manager.cancel_request(state.rid)
+        for state in stopped:
+            self.manager.cancel_request(state.rid)  # the library frees its KV blocks
             tokens = list(state.tokens)
             if state.streaming:
                 self._send(state, tokens[state.sent:], state.sent, final=True)
             else:
                 self._send(state, tokens, 0, final=True)
+        sender.send(flags=FINAL)
 
     def _cancel_locked(self, state, message):
         """End a live sequence early (caller holds self.lock): the library frees its KV blocks, and the
