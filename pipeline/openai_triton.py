@@ -33,7 +33,7 @@ def triton_error(message: str) -> APIError:
     if any(k in m for k in ("queue", "overload", "too many", "exceeds maximum queue size", "busy")):
         return APIError(503, f"the server is overloaded, retry later: {message}", "server_error",
                         code="overloaded")
-    if any(k in m for k in ("unavailable", "failed to connect", "connection refused", "socket closed")):
+    if any(k in m for k in ("unavailable", "failed to connect", "connection refused", "socket closed", "shutting down")):
         return APIError(503, f"the inference server is unavailable: {message}", "server_error",
                         code="unavailable")
     if any(k in m for k in ("exceed", "must be", "invalid", "expected", "out of range", "not supported")):

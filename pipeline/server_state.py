@@ -214,9 +214,11 @@ def stop_from_state(path: Path, timeout: float = 40.0) -> dict | None:
     pid = state["pid"]
     program = state.get("server", TRITONSERVER)
     front = state.get("openai") or {}
-    if front.get("pid") and _recorded_process(front["pid"], front.get("create_time"), "openai_frontend"):
-        terminate_server(int(front["pid"]), 10)  # first: it holds gRPC streams to the server
     ours = _recorded_process(pid, state.get("create_time"), program)
+    if ours and program == TRITONSERVER:  # requests in flight end with why, through the frontend too
+        drain(int(pid))
+    if front.get("pid") and _recorded_process(front["pid"], front.get("create_time"), "openai_frontend"):
+        terminate_server(int(front["pid"]), 10)  # then the frontend: it holds gRPC streams to the server
     if not ours and _alive(int(pid)):
         log.warning("%s names pid %s, which is not the %s it recorded (another process now): left alone",
                     path, pid, program)

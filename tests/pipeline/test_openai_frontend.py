@@ -318,6 +318,7 @@ def test_frontend_without_triton_answers_503(built_default, tmp_path):
     ("failed to connect to all addresses", 503),
     ("top_p = 1.5: must be in [0, 1]", 400),
     ("generation failed: CUDA error", 500),
+    ("the server is shutting down (tritonserver is stopping): this request was ended before it finished", 503),
 ])
 def test_triton_errors_map_to_http_statuses(message, status):
     err = triton_error(message)
