@@ -562,6 +562,10 @@ def _detach_or_wait(args, server, state: Path, frontend=None) -> int:
     signal.signal(signal.SIGINT, _term)
     while not stopping["flag"] and server.proc.poll() is None:
         time.sleep(0.5)
+    if getattr(server, "program", "") == "tritonserver" and server.proc.poll() is None:
+        from trtpipe_runtime.lifeline import drain
+
+        drain(server.proc.pid)  # requests in flight end with why, through the frontend too
     if frontend is not None:
         frontend.stop(10)
     server.stop()
@@ -576,7 +580,8 @@ def cmd_stop(args) -> int:
     state = _folder(args, build) / "server.json"
     result = stop_from_state(state)
     if result is None:
-        print(f"no running server recorded in {state}")
+        print(f"no running server recorded in {state} (a server started with another output root is stopped with "
+              "--out DIR, or from the folder it was started in)")
     elif result.get("crashed"):
         print(f"the recorded {result.get('server')} had already exited (crashed or killed; see its log); removed "
               f"what it left: {result['orphans_killed']} process(es), {result['shm_removed']} /dev/shm region(s)")
