@@ -965,7 +965,20 @@ def make_parser() -> argparse.ArgumentParser:
     from pipeline.loadtest.cli import add_loadtest_parser
 
     add_loadtest_parser(sub, _add_build_args)
+    _describe(p)
     return p
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Give every subcommand without a description its one-line help as one, so that `trtpipe VERB --help` says
+    what the verb does (argparse shows ``help`` only in the parent's list)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sp in action.choices.items():
+                if sp.description is None and helps.get(name):
+                    sp.description = helps[name][0].upper() + helps[name][1:] + "."
+                _describe(sp)
 
 
 def main(argv: list[str] | None = None) -> int:
