@@ -10,6 +10,7 @@ TARGET ?= cpu
 QUANT  ?=
 RUNTIME ?=
 PROMPT ?= What is the capital of France?
+export PROMPT  # the query recipe reads it from the environment: quotes and $ in it reach trtpipe unchanged
 MAX_TOKENS ?= 64
 ARGS   ?=
 
@@ -60,7 +61,7 @@ stop: $(STAMP)
 	$(TRTPIPE) stop $(BUILD) --target $(TARGET) $(QUANT_ARG)
 
 query: $(STAMP)
-	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) "$(PROMPT)"
+	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) "$$PROMPT"
 
 loadtest: $(STAMP)
 	$(TRTPIPE) loadtest run $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
