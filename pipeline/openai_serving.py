@@ -155,8 +155,8 @@ class Serving:
                 jobs = [(prompt, prepare(self.cfg, self.tok, body, prompt, True))]
             else:
                 body, prompts = completion_request(self.tok, raw, self.cfg.add_special_tokens, self.cfg.max_input_len)
-                jobs = [(p, prepare(self.cfg, self.tok, body, p, False, sent))
-                        for p, sent in zip(prompts, body.prompts())]
+                jobs = [(p, _nth(i, len(prompts), prepare, self.cfg, self.tok, body, p, False, sent))
+                        for i, (p, sent) in enumerate(zip(prompts, body.prompts()))]
             if jobs[0][1].logprobs is not None:
                 jobs = [(p, await self._check_logprobs(chat, asked)) for p, asked in jobs]
         except APIError as err:
@@ -599,3 +599,15 @@ async def _wait_disconnect(request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+def _nth(i: int, n: int, fn, *args):
+    """``fn(*args)`` for prompt ``i`` of ``n`` in one completion request: its APIError names which prompt (index from
+    0, as the choices' order), when there are several."""
+    try:
+        return fn(*args)
+    except APIError as err:
+        if n > 1:
+            err.message = f"prompt[{i}] (of {n}): {err.message}"
+            err.args = (err.message,)
+        raise

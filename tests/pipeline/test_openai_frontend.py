@@ -186,6 +186,8 @@ def test_several_prompts_in_one_completion_are_answered_as_openai_does(client, b
 
     with pytest.raises(openai.BadRequestError, match="vocabulary"):
         client.completions.create(model=MODEL, prompt=[tok.encode(texts[0]), [len(tok) + 5]], max_tokens=4)
+    with pytest.raises(openai.BadRequestError, match=r"prompt\[1\] \(of 3\): prompt: the prompt is \d+ tokens"):
+        client.completions.create(model=MODEL, prompt=[texts[0], "Paris " * 1500, texts[2]], max_tokens=4)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
