@@ -182,6 +182,45 @@ def speculative_plan(build: ResolvedBuild, tp: int, dtype_bytes: int, kv_dtype_b
                            draft_source=source)
 
 
+class LoraAdapterPlan(_Frozen):
+    """One served LoRA adapter (builders.lora.Adapter.summary) and its device bytes on one rank."""
+
+    name: str
+    task_id: int
+    """Its ``lora_task_id`` (1, 2, ... in the order of ``lora.adapters``)."""
+    path: str
+    rank: int
+    alpha: float
+    use_rslora: bool
+    scaling: float
+    target_modules: list[str]
+    layers: int
+    parameters: int
+    base_model: Optional[str] = None
+    bytes_per_rank: int
+    """``r x (in + out) x dtype bytes`` over its (layer, module) pairs, split by tp like the base (builders.lora)."""
+
+
+class LoraPlan(_Frozen):
+    """The LoRA adapters and their cache (null in plan.json without ``lora.adapters``)."""
+
+    adapters: list[LoraAdapterPlan]
+    max_lora_rank: int
+    """``lora.max_lora_rank``, or the largest adapter rank when null."""
+    max_loras: int
+    max_cpu_loras: int
+    target_modules: list[str]
+    """The projections any adapter adapts (HF names)."""
+    trtllm_modules: list[str]
+    """The same in TensorRT-LLM's names (trtllm-build ``--lora_target_modules``)."""
+    slot_bytes: int
+    """One cache slot on one rank: an adapter of max_lora_rank on every target module of every layer."""
+    gpu_cache_bytes: int
+    """max_loras slots, taken from device memory before the KV pool."""
+    host_cache_bytes: int
+    """max_cpu_loras slots of host memory."""
+
+
 class MemoryPlan(_Frozen):
     """Device memory of the heaviest rank, in bytes."""
 
@@ -207,8 +246,10 @@ class MemoryPlan(_Frozen):
     context_logits_bytes: int = 0
     """The runtime's context-logits buffer with limits.gather_context_logits (formula in context_logits_bytes());
     0 without it. TensorRT-LLM allocates it beside the KV pool, in what the pool leaves."""
+    lora_cache_bytes: int = 0
+    """The LoRA adapters' device cache (LoraPlan.gpu_cache_bytes; 0 without adapters), before the KV pool."""
     total_bytes: int
-    """reserve + weights + draft weights + activations + context logits + KV pool on one rank."""
+    """reserve + weights + draft weights + activations + context logits + LoRA cache + KV pool on one rank."""
 
 
 class PredictedPoint(_Frozen):
@@ -315,6 +356,8 @@ class Plan(_Frozen):
     """Speculative decoding and its draft's memory (null: off)."""
     runtime_settings: list[RuntimeSetting] = []
     """The pytorch runtime's continuous-batching settings and why (empty for the TensorRT-LLM runtimes)."""
+    lora: Optional[LoraPlan] = None
+    """LoRA adapters served beside the base model (null: none)."""
     admission: Optional[AdmissionPlan] = None
     """Requests held at once before more are refused as overloaded: in flight + queued (builders.admission)."""
     plugins_apply: bool
@@ -508,8 +551,26 @@ def plugin_decisions(build: ResolvedBuild, sm: Optional[int], architecture_name:
         strict=strict)
 
 
+def lora_plan(build: ResolvedBuild, shape: ModelShape, adapters: list, dtype_bytes: int, tp: int) -> Optional[LoraPlan]:
+    """The adapters' bytes and cache slots (builders.lora: adapter_bytes, slot_bytes); None without adapters."""
+    from builders.lora import HF_TO_TRTLLM, adapter_bytes, max_rank, slot_bytes
+
+    if not build.settings.lora.adapters or not adapters:
+        return None
+    lo = build.settings.lora
+    modules = sorted({m for a in adapters for m in a.target_modules})
+    rank = max_rank(lo, adapters)
+    slot = slot_bytes(shape, tuple(modules), rank, dtype_bytes, tp)
+    return LoraPlan(adapters=[LoraAdapterPlan(**a.summary(), bytes_per_rank=adapter_bytes(a, dtype_bytes, tp))
+                              for a in adapters],
+                    max_lora_rank=rank, max_loras=lo.max_loras, max_cpu_loras=lo.max_cpu_loras,
+                    target_modules=modules, trtllm_modules=[HF_TO_TRTLLM[m] for m in modules], slot_bytes=slot,
+                    gpu_cache_bytes=slot * lo.max_loras, host_cache_bytes=slot * lo.max_cpu_loras)
+
+
 def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128,
-                 osl: int = 128, draft: Optional[dict] = None, draft_source: str = "") -> Plan:
+                 osl: int = 128, draft: Optional[dict] = None, draft_source: str = "",
+                 adapters: Optional[list] = None) -> Plan:
     """Plan ``build`` on ``target`` for the model described by ``hf_config`` (pure; no rule raises).
 
     Args:
@@ -519,6 +580,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
         isl, osl: input and output sequence length of the workload whose concurrency the plan
             reports (tokens).
         draft, draft_source: the speculative draft's config.json and where it came from (:func:`draft_config`).
+        adapters: the LoRA adapters of ``lora.adapters`` (builders.lora.read_adapters; None: none counted).
 
     Returns:
         The plan. Rules are checked by :func:`builders.preflight.make_plan`, which calls this.
@@ -548,7 +610,9 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     reserve = GPU_RUNTIME_RESERVE_BYTES if target.kind == "gpu" else 0
     spec = speculative_plan(build, tp, DTYPE_BYTES[s.dtype], kv_dtype_bytes, draft, draft_source)
     draft_weights = spec.draft_weights_bytes if spec else 0
-    free = device - reserve - weights - draft_weights - acts
+    lora = lora_plan(build, shape, adapters or [], dtype_bytes, tp)
+    lora_cache = lora.gpu_cache_bytes if lora else 0
+    free = device - reserve - weights - draft_weights - acts - lora_cache
 
     bpt = kv_bytes_per_token(shape, tp, pp, kv_dtype_bytes) + (spec.draft_kv_bytes_per_token if spec else 0)
     cap = sv.max_tokens_in_paged_kv_cache
@@ -576,8 +640,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                         weights_bytes_by_pp_rank=per_pp, weights_breakdown=breakdown, params_total=params,
                         params_active=active,
                         activation_bytes=acts, free_bytes_after_weights_and_activations=free, kv=kv,
-                        draft_weights_bytes=draft_weights, context_logits_bytes=ctx_logits,
-                        total_bytes=reserve + weights + draft_weights + acts + ctx_logits + pool)
+                        draft_weights_bytes=draft_weights, context_logits_bytes=ctx_logits, lora_cache_bytes=lora_cache,
+                        total_bytes=reserve + weights + draft_weights + acts + ctx_logits + lora_cache + pool)
 
     plugins = plugin_decisions(build, target.sm, shape.architecture)
 
@@ -592,7 +656,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 checkpoint_format=fmt, moe_tp_size=moe_tp if shape.is_moe else 1,
                 moe_ep_size=moe_ep if shape.is_moe else 1,
                 limits=lim, memory=memory, plugins=plugins, plugins_apply=build.runtime.builds_trt_engine,
-                speculative=spec,
+                speculative=spec, lora=lora,
                 runtime_settings=(portable_runtime_settings(build, kv.capacity_tokens if target.kind == "gpu" else None)
                                   if build.runtime.settings else []),
                 admission=admission_plan(lim.max_batch_size, s.serving.max_queue_size),

@@ -652,9 +652,16 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
         problems += checkpoint_problems(hf_dir, trust_remote_code=build.model.trust_remote_code)
     draft, draft_source = draft_config(build)
     problems += speculative_model_problems(build, hf_config, draft)
+    adapters: list = []
+    if build.settings.lora.adapters and not any(p.code == "architecture" for p in problems):
+        from builders.lora import lora_problems, read_adapters
+
+        adapters, read = read_adapters(build.settings.lora.adapters, build.where("lora.adapters"))
+        problems += read + lora_problems(build, hf_config, adapters)
     plan = None
     if not any(p.code in SHARDING_CODES + ("architecture", "rope_type") for p in problems):
-        plan = compute_plan(build, target, hf_config, isl=isl, osl=osl, draft=draft, draft_source=draft_source)
+        plan = compute_plan(build, target, hf_config, isl=isl, osl=osl, draft=draft, draft_source=draft_source,
+                            adapters=adapters)
         problems += memory_problems(build, target, plan)
     if problems:
         raise SpecError(problems, build.spec_path)

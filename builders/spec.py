@@ -30,7 +30,7 @@ RuntimeName = Literal[tuple(RUNTIMES)]  # type: ignore[valid-type]
 QuantName = Literal[tuple(QUANT_RECIPES)]  # type: ignore[valid-type]
 
 
-STAGES = ("checkpoint", "verify", "engine", "model_repo", "bundle")
+STAGES = ("checkpoint", "verify", "engine", "lora", "model_repo", "bundle")
 """The build stages whose cache key takes spec fields (see :func:`decides` and ResolvedBuild.key_fields)."""
 
 
@@ -270,6 +270,26 @@ class QualityGate(_Strict):
     """Tokens per evaluation sequence."""
 
 
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""A LoRA adapter's name: what clients send as OpenAI's ``model`` (the build name's characters, at most 64)."""
+
+
+class LoraConfig(_Strict):
+    """LoRA adapters served beside the base model, each request choosing one (builders.lora)."""
+
+    adapters: dict[str, str] = Field(default_factory=dict, **decides("verify", "engine", "lora", "model_repo",
+                                                                     "bundle"))
+    """Adapter name -> a local PEFT LoRA folder (adapter_config.json, adapter_model.safetensors; relative paths
+    resolve against the YAML file). Clients select one by sending its name as ``model``; lora_task_id 1, 2, ...
+    follow the order listed here."""
+    max_lora_rank: Optional[int] = Field(None, ge=1, le=1024, **decides("engine", "lora", "model_repo", "bundle"))
+    """Largest adapter rank the runtime holds (TensorRT-LLM's ``max_lora_rank``); null: the largest rank listed."""
+    max_loras: int = Field(4, ge=1, le=1024, **decides("model_repo", "bundle"))
+    """Adapters resident in GPU memory at once (the LoRA cache's device slots; LLM-API ``LoraConfig.max_loras``)."""
+    max_cpu_loras: int = Field(4, ge=1, le=4096, **decides("model_repo", "bundle"))
+    """Adapters held in host memory (the LoRA cache's host slots; LLM-API ``LoraConfig.max_cpu_loras``)."""
+
+
 class BuildSettings(_Strict):
     """Everything a target can override (the resolved settings for one target)."""
 
@@ -287,7 +307,9 @@ class BuildSettings(_Strict):
     serving: ServingConfig = Field(default_factory=ServingConfig, **decides("model_repo", "bundle"))
     """Triton serving options."""
     gates: QualityGate = Field(default_factory=QualityGate, **decides("verify"))
-    """Accuracy gates applied by verify."""
+    """Accuracy gates applied by verify (to each LoRA adapter too)."""
+    lora: LoraConfig = Field(default_factory=LoraConfig, exclude_if=lambda v: not v.adapters)
+    """LoRA adapters served beside the base model (none by default)."""
 
 
 class BuildFile(BuildSettings):
@@ -608,6 +630,9 @@ def load_spec(path: str | Path, target: str, overrides: dict | None = None) -> R
         model = model.model_copy(update={"source": absolute(model.source)})
     if model.hf_config:
         model = model.model_copy(update={"hf_config": absolute(model.hf_config)})
+    if settings.lora.adapters:  # an adapter is a local folder (relative to the YAML file)
+        settings = settings.model_copy(update={"lora": settings.lora.model_copy(update={
+            "adapters": {k: absolute(v) for k, v in settings.lora.adapters.items()}})})
     spec = settings.serving.speculative_decoding
     if spec is not None:  # a path (./, ../, ~, /) resolves against the YAML file; anything else is a hub id
         paths = {k: absolute(v) for k, v in (("draft_model", spec.draft_model), ("draft_hf_config",
