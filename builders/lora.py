@@ -333,3 +333,20 @@ def slot_bytes(shape: ModelShape, modules: tuple[str, ...], rank: int, dtype_byt
             n_out = -(-n_out // tp)
         per_layer += rank * (n_in + n_out) * dtype_bytes
     return per_layer * shape.num_hidden_layers
+
+
+def adapters_digest(adapters: list[Adapter]) -> str:
+    """SHA-256 over each adapter's name, task id and the bytes of its two files (adapter_config.json,
+    adapter_model.safetensors), in task-id order: the part of a stage key that changes when an adapter is retrained
+    in place (the spec names only its folder)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in sorted(adapters, key=lambda a: a.task_id):
+        h.update(f"{a.name}\0{a.task_id}\0".encode())
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            with open(Path(a.path) / name, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+            h.update(b"\0")
+    return h.hexdigest()

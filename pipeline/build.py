@@ -232,13 +232,31 @@ def pytorch_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
 
 
 def llmapi_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
-    """The LLM API serves the unified HF checkpoint itself: the "engine" is that folder plus limits."""
+    """The LLM API serves the unified HF checkpoint itself: the "engine" is that folder plus limits, and the LoRA
+    adapters of ``lora.adapters`` copied into ``lora/`` with their table (builders.lora_llmapi); the key holds the
+    adapters' content digest, so an adapter retrained in place rebuilds the folder."""
     from builders.quantize_hf import prepare_llmapi_engine
 
+    adapters = []
+    lora = {}
+    if ctx.build.settings.lora.adapters:
+        from builders.lora import adapters_digest, read_adapters
+
+        adapters, problems = read_adapters(ctx.build.settings.lora.adapters, ctx.build.where("lora.adapters"))
+        if problems:  # preflight read them already: changed since, or unreadable now
+            raise StageError("LoRA adapters cannot be read: " + "; ".join(p.render() for p in problems))
+        lora = {"lora": adapters_digest(adapters)}
     key = stage_key(stage="engine", checkpoint=ckpt.key, spec=ctx.build.key_fields("engine"),
-                    tokenizer=TOKENIZER_COMPAT)
-    return run_stage("engine", ctx.out / "engine", key, lambda tmp: prepare_llmapi_engine(
-        ckpt.path, ctx.hf_dir, tmp, limits=ctx.plan.limits), force=ctx.force)
+                    tokenizer=TOKENIZER_COMPAT, **lora)
+
+    def produce(tmp: Path) -> dict:
+        from builders.lora_llmapi import copy_adapters
+
+        info = prepare_llmapi_engine(ckpt.path, ctx.hf_dir, tmp, limits=ctx.plan.limits)
+        table = copy_adapters(adapters, tmp)
+        return {**info, "lora_adapters": table} if table else info
+
+    return run_stage("engine", ctx.out / "engine", key, produce, force=ctx.force)
 
 
 def trtllm_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
