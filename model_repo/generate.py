@@ -388,7 +388,8 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
     if build.runtime.llm_api:  # the options tensorrt_llm.LLM gets: one file for Triton and trtllm-serve
         from builders.llmapi_options import options_files
 
-        files.update({f"tensorrt_llm/1/{name}": text for name, text in options_files(build, plan).items()})
+        files.update({f"tensorrt_llm/1/{name}": text
+                      for name, text in options_files(build, plan, engine_dir).items()})  # lora_dir: engine_dir/lora
     return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path(), files)
 
 
@@ -461,6 +462,11 @@ def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec
             "spec: serving.guided_decoding_backend" + ("" if s.serving.guided_decoding_backend else
                                                        " (empty: guided decoding off)"))
     _set_tensor_tables(llm, side="runtime", runtime=build.runtime)
+    if build.runtime.llm_api and s.lora.adapters and '"lora_task_id"' not in llm.values["runtime_inputs"]:
+        # the C++ backend's LoRA input (tests/facts/trtllm_1_2_1/inputs_read.json): 0 or absent = the base model
+        llm.set("runtime_inputs", llm.values["runtime_inputs"] + ',\n  { name: "lora_task_id" data_type: TYPE_UINT64 '
+                'dims: [ 1 ] optional: true }', llm.sources["runtime_inputs"] + " + lora_task_id (lora.adapters: "
+                "engine lora/adapters.json)")
     return llm
 
 
