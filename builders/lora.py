@@ -335,9 +335,11 @@ def slot_bytes(shape: ModelShape, modules: tuple[str, ...], rank: int, dtype_byt
     return per_layer * shape.num_hidden_layers
 
 
+LORA_DIR = "lora"
+"""The adapters' folder inside an engine folder (the runtimes that read HF PEFT folders: pytorch, trtllm-llmapi)."""
 TABLE = "adapters.json"
-"""The adapter table a runtime's LoRA folder holds: ``{"adapters": [{name, task_id, path, rank, alpha, use_rslora,
-scaling, target_modules}]}`` (path relative to the folder that holds the LoRA folder)."""
+"""The adapter table inside :data:`LORA_DIR`: ``[{name, task_id, path, rank, alpha, use_rslora, scaling,
+target_modules, layers, parameters}]`` in task-id order (path relative to the engine folder)."""
 
 
 def adapters_digest(adapters: list[Adapter]) -> str:
@@ -346,7 +348,7 @@ def adapters_digest(adapters: list[Adapter]) -> str:
     import hashlib
 
     h = hashlib.sha256()
-    for a in adapters:
+    for a in sorted(adapters, key=lambda a: a.task_id):
         h.update(f"{a.name}\0{a.task_id}\0".encode())
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             with open(a.path / name, "rb") as fh:
@@ -355,23 +357,30 @@ def adapters_digest(adapters: list[Adapter]) -> str:
     return h.hexdigest()
 
 
-def write_adapters(adapters: list[Adapter], out: Path, folder: str = "lora") -> Optional[Path]:
-    """Copy each adapter's PEFT files into ``out/<folder>/<name>/`` and write ``out/<folder>/adapters.json``
-    (:data:`TABLE`): what the runtimes that read HF PEFT folders load (the portable runtime's adapters.py, the LLM
-    API's ``LoRARequest.lora_path``). Returns the folder, or None without adapters."""
+def adapter_dir(engine_dir: Path, name: str) -> Path:
+    """Where adapter ``name`` lives inside ``engine_dir`` (:func:`write_adapters`)."""
+    return Path(engine_dir) / LORA_DIR / name
+
+
+def write_adapters(adapters: list[Adapter], engine_dir: Path) -> list[dict]:
+    """Copy (hard-link where the filesystem allows) each adapter's two PEFT files into ``engine_dir/lora/<name>/`` and
+    write ``engine_dir/lora/adapters.json`` (:data:`TABLE`): what the runtimes that read HF PEFT folders load (the
+    portable runtime's adapters.py; the LLM API's ``LoRARequest.lora_path``, ``lora_ckpt_source: hf``). Returns the
+    table ([] and nothing written without adapters)."""
+    import os
     import shutil
 
-    if not adapters:
-        return None
-    root = out / folder
-    root.mkdir(parents=True, exist_ok=True)
     table = []
-    for a in adapters:
-        dest = root / a.name
-        dest.mkdir(exist_ok=True)
+    for a in sorted(adapters, key=lambda a: a.task_id):
+        dest = adapter_dir(engine_dir, a.name)
+        dest.mkdir(parents=True, exist_ok=True)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
-            shutil.copyfile(a.path / name, dest / name)
+            try:
+                os.link(a.path / name, dest / name)
+            except OSError:
+                shutil.copyfile(a.path / name, dest / name)
         table.append({**{k: v for k, v in a.summary().items() if k not in ("path", "base_model")},
-                      "path": f"{folder}/{a.name}"})
-    (root / TABLE).write_text(json.dumps({"adapters": table}, indent=2) + "\n")
-    return root
+                      "path": f"{LORA_DIR}/{a.name}"})
+    if table:
+        (Path(engine_dir) / LORA_DIR / TABLE).write_text(json.dumps(table, indent=2) + "\n")
+    return table

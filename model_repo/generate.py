@@ -390,7 +390,8 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
     if build.runtime.llm_api:  # the options tensorrt_llm.LLM gets: one file for Triton and trtllm-serve
         from builders.llmapi_options import options_files
 
-        files.update({f"tensorrt_llm/1/{name}": text for name, text in options_files(build, plan).items()})
+        files.update({f"tensorrt_llm/1/{name}": text
+                      for name, text in options_files(build, plan, engine_dir).items()})  # lora_dir: engine_dir/lora
     return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path(), files)
 
 
