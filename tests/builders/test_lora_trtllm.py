@@ -270,3 +270,20 @@ def write_repository_configs(repo: Path):
 
     path = repo / "tensorrt_llm" / "config.pbtxt"
     return parse_config(path.read_text(), str(path))
+
+
+def test_gpu_fraction_covers_the_cache_in_what_the_kv_pool_leaves():
+    """The backend takes fraction x the memory free after the engine and the KV pool (lora.json cpp_runtime.cache):
+    80 GiB device, 70 GiB planned in all including a 2 GiB LoRA cache -> 12 GiB free then, 2/12 of it."""
+    from types import SimpleNamespace
+
+    gib = 2**30
+    lora = SimpleNamespace(max_lora_rank=16, max_loras=4, max_cpu_loras=8, gpu_cache_bytes=2 * gib,
+                           host_cache_bytes=4 * gib)
+    memory = SimpleNamespace(device_bytes=80 * gib, total_bytes=70 * gib)
+    params = lt.cache_parameters(lora, memory)
+    assert params["lora_cache_gpu_memory_fraction"][0] == "0.1667"
+    assert params["lora_cache_host_memory_bytes"][0] == str(4 * gib)
+    assert params["lora_cache_max_adapter_size"][0] == params["lora_cache_optimal_adapter_size"][0] == "16"
+    memory = SimpleNamespace(device_bytes=80 * gib, total_bytes=90 * gib)  # over-committed plan: all of it
+    assert lt.cache_parameters(lora, memory)["lora_cache_gpu_memory_fraction"][0] == "1.0000"
