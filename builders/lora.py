@@ -19,6 +19,7 @@ Formats and rules followed:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -47,8 +48,9 @@ _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 REFUSED_QUANT = {
-    "int8_sq": "TensorRT-LLM refuses LoRA with INT8 SmoothQuant (NVIDIA/TensorRT-LLM issue #12703: the lora plugin "
-               "has no int8 activation path)",
+    "int8_sq": "TensorRT-LLM refuses LoRA with INT8 SmoothQuant (NVIDIA/TensorRT-LLM issue #12703; its SmoothQuant "
+               "layers assert lora_runtime_params is None, tensorrt_llm/quantization/layers.py, so trtllm-build "
+               "fails on a W8A8 checkpoint with --lora_plugin)",
 }
 """quantization.quant_algo values that upstream refuses with LoRA, and why."""
 
@@ -242,8 +244,10 @@ def lora_problems(build, hf_config: dict, adapters: Optional[list[Adapter]] = No
 
     Names valid as OpenAI model ids and distinct from the build's own; each adapter readable and a plain LoRA of
     served modules; its tensors shaped for this model's layers; rank <= max_lora_rank; max_cpu_loras >= max_loras
-    (TensorRT-LLM's host cache holds every GPU-resident adapter); quantization upstream refuses with LoRA refused
-    (:data:`REFUSED_QUANT`); KV-cache reuse refused on the portable runtime (its prefix cache is not keyed by adapter).
+    (TensorRT-LLM copies adapters to the GPU cache from the host cache, which keeps them while in use);
+    quantization upstream refuses with LoRA refused
+    (:data:`REFUSED_QUANT`); bfloat16 refused on the trtllm runtime (no bfloat16 .npy reader for
+    lora_prefetch_dir); KV-cache reuse refused on the portable runtime (its prefix cache is not keyed by adapter).
 
     Args:
         build: the resolved build (builders.spec.ResolvedBuild).
@@ -291,9 +295,17 @@ def lora_problems(build, hf_config: dict, adapters: Optional[list[Adapter]] = No
                                      "served (only its attention projections)", "train the adapter on q_proj, "
                                      "k_proj, v_proj and o_proj only", "lora_target_module"))
     if lora.max_cpu_loras < lora.max_loras:
-        problems.append(_problem(where("lora.max_cpu_loras"), lora.max_cpu_loras, f"the host cache holds every "
-                                 f"adapter of the GPU cache, so it needs at least max_loras ({lora.max_loras}) slots",
+        problems.append(_problem(where("lora.max_cpu_loras"), lora.max_cpu_loras, "adapters reach the GPU cache only "
+                                 "by being copied from the host cache, and stay there while in use (TensorRT-LLM's "
+                                 "PeftCacheManager::ensureBatch), so fewer host slots than max_loras "
+                                 f"({lora.max_loras}) leave GPU slots unused; upstream does not check this itself",
                                  f"set lora.max_cpu_loras to {lora.max_loras} or more", "lora_cache"))
+    if build.settings.runtime == "trtllm" and build.settings.dtype == "bfloat16":
+        problems.append(_problem(where("dtype"), "bfloat16", "the trtllm runtime serves adapters from "
+                                 "lora_prefetch_dir, whose .npy reader in TensorRT-LLM 1.2.1 reads float16 and float32 "
+                                 "but no bfloat16, and LoRA weights must be in the engine dtype "
+                                 "(tests/facts/trtllm_1_2_1/lora.json)", "set dtype: float16 for a build with "
+                                 "lora.adapters on the trtllm runtime", "lora_dtype"))
     quant = build.settings.quantization.quant_algo
     if quant in REFUSED_QUANT:
         problems.append(_problem(where("quantization.quant_algo"), quant, REFUSED_QUANT[quant],
@@ -345,7 +357,6 @@ target_modules, layers, parameters}]`` in task-id order (path relative to the en
 def adapters_digest(adapters: list[Adapter]) -> str:
     """SHA-256 over each adapter's name, task id and the bytes of its two files: a stage that serves adapters keys on
     it, so an adapter retrained in place reruns that stage."""
-    import hashlib
 
     h = hashlib.sha256()
     for a in sorted(adapters, key=lambda a: a.task_id):

@@ -293,6 +293,11 @@ def trtllm_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     # the GPU architecture. Not the worker count, log level, progress display or output paths.
     engine_inputs = dict(checkpoint=ckpt.key, spec=build.key_fields("engine"),
                          plugins=[p.cli() for p in plugins if not p.implicit], sm=target.sm)
+    if plan.lora is not None:  # the engine folder (or bundle) holds the converted adapters: key on their content
+        from builders.lora import adapters_digest
+        from builders.lora_trtllm import adapters_of
+
+        engine_inputs["lora"] = adapters_digest(adapters_of(plan.lora))
     if ctx.toolchain is None:
         from model_repo.bundle import write_bundle
 
@@ -310,7 +315,7 @@ def trtllm_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     return run_stage("engine", ctx.out / "engine", key, lambda tmp: et.build_trtllm_engine(
         ckpt_dir=ckpt.path, hf_dir=ctx.hf_dir, out_dir=tmp, limits=plan.limits, plugins=plugins,
         world_size=build.world_size, timing_cache=timing_cache, toolchain=ctx.toolchain,
-        progress=ctx.progress), force=ctx.force)
+        progress=ctx.progress, lora=plan.lora, dtype=plan.dtype), force=ctx.force)
 
 
 ENGINE_STAGES: dict[str, Callable[[BuildContext, StageResult], StageResult]] = {
