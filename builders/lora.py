@@ -48,11 +48,10 @@ _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 REFUSED_QUANT = {
-    "int8_sq": "TensorRT-LLM refuses LoRA with INT8 SmoothQuant (NVIDIA/TensorRT-LLM issue #12703; its SmoothQuant "
-               "layers assert lora_runtime_params is None, tensorrt_llm/quantization/layers.py, so trtllm-build "
-               "fails on a W8A8 checkpoint with --lora_plugin)",
+    "int8_sq": "TensorRT-LLM refuses LoRA with INT8 SmoothQuant (NVIDIA/TensorRT-LLM issue #12703)",
 }
-"""quantization.quant_algo values that upstream refuses with LoRA, and why."""
+"""quantization.quant_algo values that upstream refuses with LoRA, and why. int8_sq: its SmoothQuant layers assert
+``lora_runtime_params is None`` (tensorrt_llm/quantization/layers.py), so trtllm-build fails with --lora_plugin."""
 
 
 @dataclass(frozen=True)
@@ -181,16 +180,21 @@ def read_adapter(name: str, path: str | Path, task_id: int, field: str) -> tuple
     shapes: dict = {}
     halves: dict = {}
     dtypes = set()
+    unserved = []
     for key, meta in sorted(header.items()):
         m = _KEY.match(key)
         if not m or PARENT.get(m.group(3)) != m.group(2):
-            problems.append(_problem(f"{field} ({WEIGHTS_FILE})", key, "a LoRA tensor of a module that is not served "
-                                     f"(served: {', '.join(HF_TO_TRTLLM)} of the decoder layers)",
-                                     "train the adapter with target_modules among those", "lora_target_module"))
+            unserved.append(key)
             continue
         layer, module, ab = int(m.group(1)), m.group(3), m.group(4)
         halves.setdefault((layer, module), {})[ab] = tuple(meta.get("shape", ()))
         dtypes.add(meta.get("dtype"))
+    if unserved and not unsupported:  # a variant's own tensors (DoRA's magnitudes) follow from its problem above
+        problems.append(_problem(f"{field} ({WEIGHTS_FILE})", unserved[:3] + ([f"... {len(unserved)} in all"]
+                                                                              if len(unserved) > 3 else []),
+                                 "LoRA tensors of modules that are not served (served: "
+                                 f"{', '.join(HF_TO_TRTLLM)} of the decoder layers)",
+                                 "train the adapter with target_modules among those", "lora_target_module"))
     for (layer, module), pair in sorted(halves.items()):
         a, b = pair.get("A"), pair.get("B")
         if a is None or b is None or len(a) != 2 or len(b) != 2 or (isinstance(rank, int) and (a[0] != rank or
@@ -294,11 +298,11 @@ def lora_problems(build, hf_config: dict, adapters: Optional[list[Adapter]] = No
             problems.append(_problem(field, list(a.target_modules), "LoRA on a mixture-of-experts model's MLP is not "
                                      "served (only its attention projections)", "train the adapter on q_proj, "
                                      "k_proj, v_proj and o_proj only", "lora_target_module"))
+    # TensorRT-LLM's PeftCacheManager::ensureBatch copies host -> GPU; upstream does not check the counts itself
     if lora.max_cpu_loras < lora.max_loras:
         problems.append(_problem(where("lora.max_cpu_loras"), lora.max_cpu_loras, "adapters reach the GPU cache only "
-                                 "by being copied from the host cache, and stay there while in use (TensorRT-LLM's "
-                                 "PeftCacheManager::ensureBatch), so fewer host slots than max_loras "
-                                 f"({lora.max_loras}) leave GPU slots unused; upstream does not check this itself",
+                                 f"from the host cache, so fewer host slots than max_loras ({lora.max_loras}) leave GPU "
+                                 "slots unused",
                                  f"set lora.max_cpu_loras to {lora.max_loras} or more", "lora_cache"))
     if build.settings.runtime == "trtllm" and build.settings.dtype == "bfloat16":
         problems.append(_problem(where("dtype"), "bfloat16", "the trtllm runtime serves adapters from "
