@@ -109,6 +109,73 @@ def tiny_llama(tmp_path_factory) -> Path:
     return out
 
 
+def make_peft_adapter(base_dir: Path, out: Path, *, r: int, modules: list[str], seed: int, alpha: int | None = None,
+                      rslora: bool = False, scale: float = 1.0) -> Path:
+    """A PEFT LoRA adapter of the model in ``base_dir``, made by peft's own API with random non-zero weights
+    (``init_lora_weights=False``: B is not zero; ``scale`` multiplies every LoRA weight) and saved by PEFT's
+    save_pretrained (adapter_config.json, adapter_model.safetensors)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha or 2 * r, target_modules=modules,
+                                                  init_lora_weights=False, use_rslora=rslora))
+    if scale != 1.0:
+        with torch.no_grad():
+            for name, p in peft_model.named_parameters():
+                if "lora_" in name:
+                    p.mul_(scale)
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+LORA_ADAPTERS = {"fr": dict(r=8, modules=["q_proj", "v_proj"], seed=1),
+                 "de": dict(r=16, rslora=True, seed=2, modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                                 "up_proj", "down_proj"])}
+"""The two adapters of the LoRA build (lora_task_id 1 and 2, in this order)."""
+
+
+@pytest.fixture(scope="session")
+def lora_build(tmp_path_factory):
+    """The embedded model with the two PEFT adapters of :data:`LORA_ADAPTERS` (made here from it), built for the cpu
+    target (int4_rtn: a quantized base without AWQ's search). Returns (resolved build, build folder, {name: adapter
+    folder})."""
+    from builders.layout import build_dir
+    from builders.model_fetch import resolve_source
+    from builders.spec import load_spec
+    from pipeline.build import run_build
+
+    root = tmp_path_factory.mktemp("lora-build")
+    base = resolve_source("embedded:smollm2-135m-instruct")
+    folders = {name: make_peft_adapter(base, root / name, **kw) for name, kw in LORA_ADAPTERS.items()}
+    spec = root / "smol-lora.yaml"
+    spec.write_text("name: smol-lora\n"
+                    "quantization: {quant_algo: int4_rtn, group_size: 64, calibration: {num_samples: 2, seq_len: 64}}\n"
+                    "limits: {max_batch_size: 8, max_input_len: 512, max_seq_len: 1024, max_num_tokens: 1024}\n"
+                    "gates: {eval_samples: 2, eval_seq_len: 128}\n"
+                    "lora:\n  adapters:\n" + "".join(f"    {n}: ./{n}\n" for n in folders))
+    build = load_spec(spec, "cpu")
+    run_build(build, out_root=root / "build", progress=False)
+    return build, build_dir(build, root / "build"), folders
+
+
+@pytest.fixture(scope="session")
+def lora_server(lora_build, tmp_path_factory):
+    """A real tritonserver on the LoRA build's repository (free ports, 127.0.0.1)."""
+    from model_repo.generate import default_sys_path
+    from pipeline.serve import ServerConfig, TritonServer, free_ports
+
+    http, grpc, metrics = free_ports(3)
+    cfg = ServerConfig(model_repository=lora_build[1] / "model_repo", http_port=http, grpc_port=grpc,
+                       metrics_port=metrics, log_file=tmp_path_factory.mktemp("lora-server") / "tritonserver.log",
+                       ready_timeout_s=300, python_path=default_sys_path())
+    server = TritonServer(cfg).start()
+    yield server
+    server.stop()
+
+
 def write_spec(path: Path, model_dir: Path, *, target: str = "h100", runtime: str = "trtllm",
                quant: str = "none", extra: str = "") -> Path:
     path.write_text(f"""name: tiny

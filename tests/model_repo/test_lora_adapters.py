@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.conftest import make_peft_adapter
 from tests.templates import template_module
 
 sampling = template_module("tensorrt_llm_pytorch", "sampling")
@@ -15,26 +16,6 @@ adapters = template_module("tensorrt_llm_pytorch", "adapters")
 PROMPTS = ([1, 504, 3458, 282, 4649, 314, 253, 1789, 30], [1, 17, 99, 1203, 5, 77], [1, 2048, 31, 8, 9, 4000, 12])
 END = (2, 0)
 MAX_NEW = 12
-
-
-def make_adapter(base_dir, out, *, r, modules, seed, alpha=None, rslora=False):
-    """A PEFT LoRA adapter of the model in ``base_dir`` with random non-zero weights (peft's own init with
-    init_lora_weights=False: B is not zero), saved by PEFT's save_pretrained."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-    cfg = LoraConfig(r=r, lora_alpha=alpha or 2 * r, target_modules=modules, init_lora_weights=False,
-                     use_rslora=rslora)
-    peft_model = get_peft_model(model, cfg)
-    with torch.no_grad():  # large enough to change the tiny random model's greedy answers
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.mul_(4.0)
-    peft_model.save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +27,8 @@ def lora_engine(tiny_llama, tmp_path_factory):
     from builders.lora import read_adapters, write_adapters
 
     root = tmp_path_factory.mktemp("lora-engine")
-    fr = make_adapter(tiny_llama, root / "src-fr", r=4, modules=["q_proj", "v_proj"], seed=1)
-    de = make_adapter(tiny_llama, root / "src-de", r=8, rslora=True, seed=2,
+    fr = make_peft_adapter(tiny_llama, root / "src-fr", r=4, modules=["q_proj", "v_proj"], seed=1, scale=4.0)
+    de = make_peft_adapter(tiny_llama, root / "src-de", r=8, rslora=True, seed=2, scale=4.0,
                       modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     read, problems = read_adapters({"fr": str(fr), "de": str(de)})
     assert not problems, problems
