@@ -64,6 +64,9 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
         mem.add_row("context logits", f"{m.context_logits_bytes:,}", human_bytes(m.context_logits_bytes),
                     f"limits.gather_context_logits: max_num_tokens {plan.limits.max_num_tokens} x vocab x 4 B, "
                     "beside the KV pool")
+    if m.lora_cache_bytes:
+        mem.add_row("LoRA cache", f"{m.lora_cache_bytes:,}", human_bytes(m.lora_cache_bytes),
+                    f"lora.max_loras {plan.lora.max_loras} slots of rank {plan.lora.max_lora_rank}, before the KV pool")
     mem.add_row("runtime reserve", f"{m.reserve_bytes:,}", human_bytes(m.reserve_bytes), "CUDA context, workspaces")
     mem.add_row("KV pool", f"{kv.pool_bytes:,}", human_bytes(kv.pool_bytes), kv.pool_source)
     mem.add_row("total", f"{m.total_bytes:,}", human_bytes(m.total_bytes),
@@ -82,6 +85,16 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                 f"{kv.workload_sequences:,} sequences fit; {kv.workload_concurrency} in flight "
                 f"(max_batch_size {plan.limits.max_batch_size})")
     con.print(kvt)
+    if plan.lora is not None:
+        lt = Table(title=f"LoRA adapters (lora_task_id: what the Triton models take; name: what OpenAI clients send "
+                         f"as model); host cache {human_bytes(plan.lora.host_cache_bytes)} "
+                         f"(lora.max_cpu_loras {plan.lora.max_cpu_loras})", title_justify="left")
+        for col in ("lora_task_id", "name", "rank", "scaling", "modules", "bytes per rank"):
+            lt.add_column(col)
+        for a in plan.lora.adapters:
+            lt.add_row(str(a.task_id), a.name, str(a.rank), f"{a.scaling:g}", ",".join(a.target_modules),
+                       human_bytes(a.bytes_per_rank))
+        con.print(lt)
 
     if plan.plugins_apply:
         pt = Table(title="trtllm-build plugins", title_justify="left")
