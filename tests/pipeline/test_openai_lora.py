@@ -230,3 +230,15 @@ def test_a_plan_json_that_lists_other_adapters_than_the_build_file_is_refused(tm
     (folder / "plan.json").write_text(json.dumps({"lora": None}))
     with pytest.raises(PipelineError, match="rebuild"):
         served_adapters(build, folder)
+
+
+def test_trtpipe_query_model_sends_the_adapters_task_id(tmp_path):
+    from pipeline.cli import _query_task_id
+    from plugins.errors import PipelineError
+
+    build, folder = _lora_build(tmp_path)
+    assert _query_task_id(build, folder, None) == 0 and _query_task_id(build, folder, BASE) == 0
+    assert _query_task_id(build, folder, "poet") == 2
+    with pytest.raises(PipelineError, match="neither the base model .smollm2-135m. nor one of its LoRA adapters "
+                                            r"\(sql, poet\)"):
+        _query_task_id(build, folder, "nope")
