@@ -333,3 +333,45 @@ def slot_bytes(shape: ModelShape, modules: tuple[str, ...], rank: int, dtype_byt
             n_out = -(-n_out // tp)
         per_layer += rank * (n_in + n_out) * dtype_bytes
     return per_layer * shape.num_hidden_layers
+
+
+TABLE = "adapters.json"
+"""The adapter table a runtime's LoRA folder holds: ``{"adapters": [{name, task_id, path, rank, alpha, use_rslora,
+scaling, target_modules}]}`` (path relative to the folder that holds the LoRA folder)."""
+
+
+def adapters_digest(adapters: list[Adapter]) -> str:
+    """SHA-256 over each adapter's name, task id and the bytes of its two files: a stage that serves adapters keys on
+    it, so an adapter retrained in place reruns that stage."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in adapters:
+        h.update(f"{a.name}\0{a.task_id}\0".encode())
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            with open(a.path / name, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+    return h.hexdigest()
+
+
+def write_adapters(adapters: list[Adapter], out: Path, folder: str = "lora") -> Optional[Path]:
+    """Copy each adapter's PEFT files into ``out/<folder>/<name>/`` and write ``out/<folder>/adapters.json``
+    (:data:`TABLE`): what the runtimes that read HF PEFT folders load (the portable runtime's adapters.py, the LLM
+    API's ``LoRARequest.lora_path``). Returns the folder, or None without adapters."""
+    import shutil
+
+    if not adapters:
+        return None
+    root = out / folder
+    root.mkdir(parents=True, exist_ok=True)
+    table = []
+    for a in adapters:
+        dest = root / a.name
+        dest.mkdir(exist_ok=True)
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            shutil.copyfile(a.path / name, dest / name)
+        table.append({**{k: v for k, v in a.summary().items() if k not in ("path", "base_model")},
+                      "path": f"{folder}/{a.name}"})
+    (root / TABLE).write_text(json.dumps({"adapters": table}, indent=2) + "\n")
+    return root

@@ -30,7 +30,7 @@ RuntimeName = Literal[tuple(RUNTIMES)]  # type: ignore[valid-type]
 QuantName = Literal[tuple(QUANT_RECIPES)]  # type: ignore[valid-type]
 
 
-STAGES = ("checkpoint", "verify", "engine", "lora", "model_repo", "bundle")
+STAGES = ("checkpoint", "verify", "engine", "model_repo", "bundle")
 """The build stages whose cache key takes spec fields (see :func:`decides` and ResolvedBuild.key_fields)."""
 
 
@@ -277,12 +277,11 @@ ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 class LoraConfig(_Strict):
     """LoRA adapters served beside the base model, each request choosing one (builders.lora)."""
 
-    adapters: dict[str, str] = Field(default_factory=dict, **decides("verify", "engine", "lora", "model_repo",
-                                                                     "bundle"))
+    adapters: dict[str, str] = Field(default_factory=dict, **decides("verify", "engine", "model_repo", "bundle"))
     """Adapter name -> a local PEFT LoRA folder (adapter_config.json, adapter_model.safetensors; relative paths
     resolve against the YAML file). Clients select one by sending its name as ``model``; lora_task_id 1, 2, ...
     follow the order listed here."""
-    max_lora_rank: Optional[int] = Field(None, ge=1, le=1024, **decides("engine", "lora", "model_repo", "bundle"))
+    max_lora_rank: Optional[int] = Field(None, ge=1, le=1024, **decides("engine", "model_repo", "bundle"))
     """Largest adapter rank the runtime holds (TensorRT-LLM's ``max_lora_rank``); null: the largest rank listed."""
     max_loras: int = Field(4, ge=1, le=1024, **decides("model_repo", "bundle"))
     """Adapters resident in GPU memory at once (the LoRA cache's device slots; LLM-API ``LoraConfig.max_loras``)."""
@@ -373,6 +372,8 @@ class ResolvedBuild(BaseModel):
             for name, info in type(obj).model_fields.items():
                 value = getattr(obj, name)
                 extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+                if isinstance(value, LoraConfig) and not value.adapters:
+                    continue  # no adapters: the keys of a build without LoRA stay what they were before lora existed
                 if stage in extra.get("decides", ()):
                     out[prefix + name] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
                 elif isinstance(value, BaseModel):

@@ -137,8 +137,40 @@ def check_gates(metrics: dict, gates) -> list[dict]:
     return out
 
 
+@torch.no_grad()
+def compare_adapters(source, candidate, adapters: list, windows: list[list[int]], gates) -> dict:
+    """Score each LoRA adapter as served against its reference: ``candidate`` (the dequantized checkpoint) with the
+    adapter applied unmerged, as the runtimes apply it, against ``source`` (the float32 base) with the adapter merged
+    into its weights (PEFT's ``merge_adapter``). Same metrics (:func:`compare_models`) and gates as the base.
+
+    Args:
+        adapters: builders.lora.Adapter list (PEFT folders).
+    Returns:
+        ``{name: {"task_id", "metrics", "gates", "passed"}}``.
+    """
+    import copy
+
+    from peft import PeftModel
+
+    out = {}
+    for a in adapters:
+        reference = PeftModel.from_pretrained(copy.deepcopy(source), str(a.path)).eval()
+        reference.merge_adapter()
+        served = PeftModel.from_pretrained(candidate, str(a.path)).eval()
+        try:
+            metrics = compare_models(reference, served, windows)
+        finally:
+            candidate = served.unload()  # the checkpoint's own layers back, for the next adapter
+        del reference
+        checks = check_gates(metrics, gates)
+        out[a.name] = {"task_id": a.task_id, "metrics": metrics, "gates": checks,
+                       "passed": all(c["passed"] for c in checks)}
+    return out
+
+
 def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "pydoc_topics",
-                      out_json: Path | None = None, trust_remote_code: bool = False) -> dict:
+                      out_json: Path | None = None, trust_remote_code: bool = False,
+                      adapters: list | None = None) -> dict:
     """Measure the checkpoint against its source on held-out text and apply ``gates``.
 
     Args:
@@ -148,9 +180,10 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
         dataset: evaluation corpus (its held-out ``evaluation`` split is used).
         out_json: where to write the report (written before the verdict, so a failure has it too).
         trust_remote_code: ``model.trust_remote_code``, for every load (tokenizer, source, checkpoint).
+        adapters: the build's LoRA adapters (builders.lora.Adapter), each scored by :func:`compare_adapters`.
 
     Returns:
-        the report: metrics, gates, evaluation settings and timings.
+        the report: metrics, gates, evaluation settings and timings; ``adapters``: each adapter's metrics and gates.
 
     Raises:
         GateError: one or more gates failed (the message lists field, value and threshold of each).
@@ -172,16 +205,27 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
     t_load = time.perf_counter() - t0
     metrics = compare_models(source, candidate, windows)
     checks = check_gates(metrics, gates)
+    scored = compare_adapters(source, candidate, adapters, windows, gates) if adapters else {}
     report = {"quant_algo": info.quant_algo,
               "kv_cache_quant_algo": info.kv_cache_quant_algo, "checkpoint_format": info.format,
               "mapping": {"tp_size": info.tp_size, "pp_size": info.pp_size},
               "evaluation": {"dataset": dataset, "split": "evaluation", "samples": gates.eval_samples,
                              "seq_len": gates.eval_seq_len},
-              "metrics": metrics, "gates": checks, "passed": all(c["passed"] for c in checks),
+              "metrics": metrics, "gates": checks,
+              "passed": all(c["passed"] for c in checks) and all(r["passed"] for r in scored.values()),
+              **({"adapters": scored} if scored else {}),
               "load_s": round(t_load, 3), "eval_s": round(time.perf_counter() - t0 - t_load, 3)}
     if out_json is not None:
         Path(out_json).write_text(json.dumps(report, indent=2) + "\n")
     failed = [c for c in checks if not c["passed"]]
+    bad_adapters = {name: r for name, r in scored.items() if not r["passed"]}
+    if bad_adapters and not failed:
+        lines = "; ".join(f"adapter {name!r} {c['field']}: measured {c['value']:.6g}, threshold {c['threshold']:.6g}"
+                          for name, r in bad_adapters.items() for c in r["gates"] if not c["passed"])
+        raise GateError(f"quality gate failed for LoRA adapter(s) on the {info.quant_algo or 'unquantized'} "
+                        f"checkpoint {ckpt_dir}: {lines} (each adapter on the quantized base against the float base "
+                        "merged with it). Fix: pick a more accurate quant_algo, or relax the gate in the build YAML",
+                        report)
     if failed:
         lines = "; ".join(f"{c['field']}: measured {c['value']:.6g}, threshold {c['threshold']:.6g}"
                           + (f" (non-finite: {', '.join(c['nonfinite_metrics'])}; the checkpoint holds inf/NaN "

@@ -81,6 +81,8 @@ RUNTIME_INPUTS: tuple[PassThrough, ...] = (
     # guided decoding (structured output): the guide's type and text (trtpipe_runtime.grammar.GUIDE_TYPES)
     PassThrough("guided_decoding_guide_type", "guided_decoding_guide_type", "TYPE_STRING"),
     PassThrough("guided_decoding_guide", "guided_decoding_guide", "TYPE_STRING"),
+    # the LoRA adapter of the request (0 or absent: the base model); the build's adapters have ids 1, 2, ...
+    PassThrough("lora_task_id", "lora_task_id", "TYPE_UINT64"),
 )
 # Optional outputs of `tensorrt_llm` passed to the client as they are: log probs (return_log_probs), logits
 # (return_context_logits / return_generation_logits), which sequence of num_return_sequences and which

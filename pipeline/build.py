@@ -199,7 +199,8 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
 
 
 def verify_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
-    """Dequantize + merge the checkpoint, score it against the source, apply ``gates`` (verify/verify.json).
+    """Dequantize + merge the checkpoint, score it (and each LoRA adapter on it) against the source, apply ``gates``
+    (verify/verify.json).
 
     A failed gate raises before the folder is renamed into place, and a verify folder left by
     an earlier run with other inputs is removed, so no stale verdict survives a failure.
@@ -207,12 +208,16 @@ def verify_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     from builders.verify import verify_checkpoint
 
     s = ctx.build.settings
-    key = stage_key(stage="verify", checkpoint=ckpt.key, spec=ctx.build.key_fields("verify"))
+    adapters = _adapters(ctx)
+    key = stage_key(stage="verify", checkpoint=ckpt.key, spec=ctx.build.key_fields("verify"), **_adapters_key(adapters))
 
     def produce(tmp: Path) -> dict:
         report = verify_checkpoint(ckpt.path, ctx.hf_dir, s.gates, dataset=s.quantization.calibration.dataset,
-                                   out_json=tmp / "verify.json", trust_remote_code=ctx.build.model.trust_remote_code)
-        return {"metrics": report["metrics"], "gates": report["gates"], "passed": report["passed"]}
+                                   out_json=tmp / "verify.json", trust_remote_code=ctx.build.model.trust_remote_code,
+                                   adapters=adapters)
+        return {"metrics": report["metrics"], "gates": report["gates"], "passed": report["passed"],
+                **({"adapters": {k: {"metrics": v["metrics"], "passed": v["passed"]}
+                                 for k, v in report["adapters"].items()}} if "adapters" in report else {})}
 
     try:
         return run_stage("verify", ctx.out / "verify", key, produce, force=ctx.force)
@@ -225,10 +230,40 @@ def pytorch_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     """The portable runtime's engine: the checkpoint merged and dequantized into HF layout, and engine.json."""
     from builders.engine_pytorch import build_pytorch_engine
 
+    adapters = _adapters(ctx)
     key = stage_key(stage="engine", checkpoint=ckpt.key, spec=ctx.build.key_fields("engine"),
-                    torch=ctx.versions["torch"], transformers=ctx.versions["transformers"], tokenizer=TOKENIZER_COMPAT)
-    return run_stage("engine", ctx.out / "engine", key, lambda tmp: build_pytorch_engine(
-        ckpt.path, ctx.hf_dir, tmp, limits=ctx.plan.limits), force=ctx.force)
+                    torch=ctx.versions["torch"], transformers=ctx.versions["transformers"], tokenizer=TOKENIZER_COMPAT,
+                    **_adapters_key(adapters))
+
+    def produce(tmp: Path) -> dict:
+        from builders.lora import write_adapters
+
+        info = build_pytorch_engine(ckpt.path, ctx.hf_dir, tmp, limits=ctx.plan.limits)
+        if write_adapters(adapters, tmp) is not None:
+            info["lora_adapters"] = [a.name for a in adapters]
+        return info
+
+    return run_stage("engine", ctx.out / "engine", key, produce, force=ctx.force)
+
+
+def _adapters(ctx: BuildContext) -> list:
+    """The build's LoRA adapters (builders.lora.Adapter; [] without lora.adapters), read again from their folders
+    (config and header only: the plan checked them)."""
+    from builders.lora import read_adapters
+
+    adapters, problems = read_adapters(ctx.build.settings.lora.adapters)
+    if problems:  # changed on disk since the plan read them
+        from plugins.errors import SpecError
+
+        raise SpecError(problems, ctx.build.spec_path)
+    return adapters
+
+
+def _adapters_key(adapters: list) -> dict:
+    """The stage-key entry of the adapters' content (none without adapters: keys of builds without LoRA unchanged)."""
+    from builders.lora import adapters_digest
+
+    return {"lora": adapters_digest(adapters)} if adapters else {}
 
 
 def llmapi_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:

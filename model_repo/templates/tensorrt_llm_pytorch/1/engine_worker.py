@@ -48,9 +48,10 @@ def build_manager(engine_dir, settings, device, dtype_name):
 
     Returns (manager, table, info): the sampling RequestTable the processors read (its ``grammars``: the
     guided-decoding engine, trtpipe_runtime.grammar.Grammars; its ``prompts``: the prompt scorer, log_probs.Memo,
-    whose lock the manager's steps take), and
-    {"default_end_ids", "pad_id", "vocab_size"} from the engine folder and "sdpa_backends" (the
-    attention kernels torch may pick in this process, after settings["sdpa_backends"]).
+    whose lock the manager's steps take; its ``lora``: the LoRA adapters, adapters.Lora, or None), and
+    {"default_end_ids", "pad_id", "vocab_size"} from the engine folder, "sdpa_backends" (the
+    attention kernels torch may pick in this process, after settings["sdpa_backends"]) and "lora" (lora_task_id ->
+    adapter name, from the engine's lora/adapters.json).
 
     Raises RuntimeError for device cuda where torch in this process sees no GPU.
     """
@@ -62,6 +63,11 @@ def build_manager(engine_dir, settings, device, dtype_name):
                            "check CUDA_VISIBLE_DEVICES and that this torch is a CUDA build")
 
     sampling = load_sampling()
+    import adapters  # beside this file: the build's LoRA adapters (none: an empty table)
+
+    lora_table = adapters.read_table(engine_dir)
+    if lora_table:  # rows of one batch differ per adapter: no CUDA graph of one batch, no KV shared across adapters
+        settings = {**settings, "use_cuda_graph": False, "allow_block_sharing": False}
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
     sdpa = apply_sdpa_backends(settings)
     with open(_os.path.join(engine_dir, "engine.json")) as fh:  # the family's attention (sdpa unless it has none)
@@ -89,8 +95,16 @@ def build_manager(engine_dir, settings, device, dtype_name):
     import log_probs  # beside this file, as sampling.py
 
     table.prompts = log_probs.Memo(manager)  # before the loop starts: every step takes its lock
+
+    def task_of(state):
+        entry = table.get(int(state.logit_processor_kwargs.get(sampling.HANDLE_KWARG, -1)))
+        return entry.params.lora_task_id if entry is not None else 0
+
+    table.lora = adapters.install(manager, engine_dir, lora_table, task_of)
+    table.prompts.scope = table.lora.only if table.lora is not None else None
     return manager, table, {"default_end_ids": end_ids, "pad_id": pad_id,
-                            "vocab_size": int(model.config.vocab_size), "sdpa_backends": sdpa}
+                            "vocab_size": int(model.config.vocab_size), "sdpa_backends": sdpa,
+                            "lora": {e["task_id"]: e["name"] for e in lora_table}}
 
 
 def compile_guide(table, params):
@@ -178,7 +192,8 @@ class Worker:
                     continue
                 try:
                     if params.get("return_prompt_log_probs"):  # one forward pass, before the request generates
-                        self.table.get(handle).prompt = self.score_prompt(ids, params.get("num_top_logprobs", 0))
+                        self.table.get(handle).prompt = self.score_prompt(ids, params.get("num_top_logprobs", 0),
+                                                                          params.get("lora_task_id", 0))
                 except Exception as exc:
                     self.forget(rid)
                     self.send(("step", [(rid, [], True, f"return_prompt_log_probs: scoring the prompt failed: "
@@ -203,9 +218,9 @@ class Worker:
             elif kind == "stop":
                 return
 
-    def score_prompt(self, ids, k):
-        """The prompt's log probabilities (log_probs.py beside this file) as plain lists."""
-        return self.table.prompts.get(ids, k).as_tuple()
+    def score_prompt(self, ids, k, task_id=0):
+        """The prompt's log probabilities (log_probs.py beside this file) as plain lists, under adapter ``task_id``."""
+        return self.table.prompts.get(ids, k, task_id).as_tuple()
 
     def forget(self, rid):
         entry = self.live.pop(rid, None)

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
 
@@ -94,10 +95,14 @@ class Memo:
 
         manager._generation_step = locked_step
 
-    def get(self, ids, k: int) -> PromptLogProbs:
-        key = (tuple(ids), int(k))
+    scope = None
+    """``scope(task_id)``: a context manager that puts the forward pass on a LoRA adapter (adapters.Lora.only), or
+    None without adapters."""
+
+    def get(self, ids, k: int, task_id: int = 0) -> PromptLogProbs:
+        key = (tuple(ids), int(k), int(task_id))
         if key != self._key:
-            with self.lock:
+            with self.lock, (self.scope(task_id) if self.scope is not None else contextlib.nullcontext()):
                 value = prompt_log_probs(self.manager.model, ids, k)
             self._key, self._value = key, value
         return self._value

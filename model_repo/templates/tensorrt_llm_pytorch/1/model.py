@@ -95,6 +95,7 @@ class TritonPythonModel(RequestParsing, Delivery):
         else:
             self.manager, self.table, info = engine.build_manager(engine_dir, self.settings, device, dtype)
         self.default_end_ids, self.pad_id = info["default_end_ids"], info["pad_id"]
+        self.lora_names = info.get("lora") or {}  # lora_task_id -> adapter name (the build's lora.adapters)
         self.exclude_input_default = _param(cfg, "exclude_input_in_output", "false") == "true"
         self.guided_backend = _param(cfg, "guided_decoding_backend", "")  # "" : guided requests are refused
         self.output_dtypes = _output_dtypes(cfg)
@@ -365,7 +366,7 @@ class TritonPythonModel(RequestParsing, Delivery):
         if self.engine_process or not params.return_prompt_log_probs:
             return None
         try:
-            return self.table.prompts.get(row["ids"], params.num_top_logprobs).as_tuple()
+            return self.table.prompts.get(row["ids"], params.num_top_logprobs, params.lora_task_id).as_tuple()
         except Exception as exc:
             raise RequestError(f"return_prompt_log_probs: scoring the prompt failed: {type(exc).__name__}: "
                                f"{exc}") from exc

@@ -94,11 +94,21 @@ class RequestParsing:
                                        bad_words=self._word_ids(request, "bad_words_list", b, batch, where),
                                        embedding_bias=bias,
                                        vocab_size=self.vocab_size, guide=guide)
+        params.lora_task_id = self._lora_task_id(request, get, where)
         if n_seq > 1 and params.greedy:
             raise RequestError(f"num_return_sequences = {n_seq} with greedy decoding gives {n_seq} identical "
                                "answers: also send top_k > 1 or top_p > 0 (a temperature alone is greedy)")
         return {"ids": ids, "max_new": max_new, "n_seq": n_seq, "end_ids": end_ids, "exclude": exclude,
                 "stop_ids": stop_ids, "params": params}
+
+    def _lora_task_id(self, request, get, where):
+        """The row's lora_task_id (0: the base model); RequestError for one the build does not serve."""
+        task_id = int(get("lora_task_id", 0) or 0)
+        if task_id and task_id not in self.lora_names:
+            served = ", ".join(f"{t} ({n})" for t, n in sorted(self.lora_names.items())) or "none"
+            raise RequestError(f"lora_task_id = {task_id}{where} is not served (adapters of this build: {served}); "
+                               "send one of those, or 0 for the base model")
+        return task_id
 
     def _word_ids(self, request, name, b, batch, where):
         """stop_words_list / bad_words_list entry ``b`` as token-id lists; RequestError for an id outside the

@@ -67,6 +67,7 @@ class SamplingParams:
     embedding_bias: dict = field(default_factory=dict)  # token id -> added to its logit every step
     guide_type: str = ""  # guided decoding (trtpipe_runtime.grammar.GUIDE_TYPES); "" for none
     guide: str = ""  # the schema, regex or grammar of guide_type
+    lora_task_id: int = 0  # the LoRA adapter (lora_task_id, adapters.py); 0: the base model
 
     @property
     def needs_penalties(self) -> bool:
