@@ -59,7 +59,8 @@ class Toolchain:
 
 def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, limits: LimitsConfig, plugins: Iterable,
                       world_size: int, gpus_available: int, timing_cache: Optional[Path] = None,
-                      executable: Iterable[str] = ("trtllm-build",), log_level: str = "info") -> list[str]:
+                      executable: Iterable[str] = ("trtllm-build",), log_level: str = "info", lora=None,
+                      dtype: str = "float16") -> list[str]:
     """The ``trtllm-build`` command line for one engine.
 
     Args:
@@ -76,7 +77,12 @@ def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, limits: LimitsC
         timing_cache: file read if present and written after the build (speeds up rebuilds).
         executable: the command to run (program and leading arguments).
         log_level: trtllm-build ``--log_level`` (does not change the engine).
+        lora: the plan's LoRA adapters (builders.plan.LoraPlan; None: none): adds ``--lora_plugin <dtype>
+            --lora_target_modules ... --max_lora_rank N`` (builders.lora_trtllm.build_flags).
+        dtype: the build dtype (the LoRA plugin's dtype).
     """
+    from builders.lora_trtllm import build_flags
+
     argv = [*executable, "--checkpoint_dir", str(checkpoint_dir), "--output_dir", str(output_dir)]
     for key, value in limits.engine_limits().items():
         argv += [f"--{key}", str(int(value))]
@@ -84,6 +90,7 @@ def trtllm_build_argv(*, checkpoint_dir: Path, output_dir: Path, limits: LimitsC
         argv += ["--gather_context_logits", "--logits_dtype", "float32"]
     for decision in plugins:
         argv += decision.cli()
+    argv += build_flags(lora, dtype)
     argv += ["--workers", str(max(1, min(world_size, gpus_available)))]
     if timing_cache is not None:
         argv += ["--input_timing_cache", str(timing_cache), "--output_timing_cache", str(timing_cache)]
@@ -237,15 +244,17 @@ def engine_facts(cfg: dict) -> dict:
 
 
 def build_trtllm_engine(*, ckpt_dir: Path, hf_dir: Path, out_dir: Path, limits: LimitsConfig, plugins: list,
-                        world_size: int, timing_cache: Path, toolchain: Toolchain, progress: bool = True) -> dict:
-    """Build the engine into ``out_dir`` (an empty folder), check it, add the tokenizer; return stage facts
-    (the engine's own config as :func:`engine_facts`, the command line, the toolchain)."""
+                        world_size: int, timing_cache: Path, toolchain: Toolchain, progress: bool = True,
+                        lora=None, dtype: str = "float16") -> dict:
+    """Build the engine into ``out_dir`` (an empty folder), check it, add the tokenizer and, with ``lora``
+    (builders.plan.LoraPlan), the adapters' prefetch folder ``out_dir/lora`` (builders.lora_trtllm); return stage
+    facts (the engine's own config as :func:`engine_facts`, the command line, the toolchain)."""
     from builders.model_fetch import copy_tokenizer
 
     gpus = gpu_names()
     argv = trtllm_build_argv(checkpoint_dir=ckpt_dir, output_dir=out_dir, limits=limits,
                              plugins=plugins, world_size=world_size, gpus_available=max(1, len(gpus)),
-                             timing_cache=timing_cache, executable=toolchain.executable)
+                             timing_cache=timing_cache, executable=toolchain.executable, lora=lora, dtype=dtype)
     timing_cache.parent.mkdir(parents=True, exist_ok=True)
     took = run_trtllm_build(argv, out_dir / LOG_NAME, progress=progress)
     cfg = check_engine_output(out_dir, world_size=world_size, limits=limits)
@@ -253,7 +262,12 @@ def build_trtllm_engine(*, ckpt_dir: Path, hf_dir: Path, out_dir: Path, limits: 
     from builders.xgrammar_info import write_beside_tokenizer
 
     write_beside_tokenizer(out_dir / "tokenizer", hf_dir)  # guided decoding (xgrammar_tokenizer_info_path)
-    return {"argv": argv, "build_s": round(took, 3), "gpus": gpus, "gpu_name": gpus[0] if gpus else None,
+    lora_facts = None
+    if lora is not None:
+        from builders import lora_trtllm as lt
+
+        lora_facts = lt.write_prefetch_dir(lt.adapters_of(lora), lt.prefetch_dir_of(out_dir), dtype)
+    return {"argv": argv, "lora_prefetch": lora_facts, "build_s": round(took, 3), "gpus": gpus, "gpu_name": gpus[0] if gpus else None,
             "tensorrt_llm_version": toolchain.versions.get("tensorrt-llm"),
             "tensorrt_version": toolchain.versions.get("tensorrt"), "engine_version": cfg.get("version"),
             "world_size": world_size, "executable": list(toolchain.executable), **engine_facts(cfg)}

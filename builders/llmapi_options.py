@@ -10,6 +10,7 @@ error naming the release.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Optional
 
 from builders.plan import Plan
@@ -63,13 +64,51 @@ def speculative_config(spec, release: str) -> dict[str, Any]:
     return out
 
 
-def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None, release: str = RELEASES[0]) -> dict[str, Any]:
+def lora_config(build: ResolvedBuild, plan: Optional[Plan] = None,
+                engine_dir: Optional[Path] = None) -> Optional[dict[str, Any]]:
+    """``lora_config`` of ``lora.adapters`` (None without adapters): the LLM API's ``LoraConfig`` fields, the same
+    names and meaning in 1.2.1 and 1.4 (tests/facts/trtllm_*/lora_llmapi.json ``lora_config``).
+
+    ``max_lora_rank`` (the plan's, else the spec's; TensorRT-LLM's default 64 otherwise), ``max_loras`` /
+    ``max_cpu_loras`` (the GPU and host cache slots), ``lora_target_modules`` in TensorRT-LLM's names (without them
+    and without ``lora_dir`` 1.2.1 expects every module, at a large memory cost), and ``lora_dir``: the adapters'
+    folders in the engine folder (builders.lora.write_adapters), absolute as the deployment mounts the build folder at the
+    same path, when ``engine_dir`` is known. LoRA is on because ``lora_config`` is set: the PyTorch backend ignores
+    ``enable_lora`` when it is (1.2.1 ``validate_lora_config_consistency``), so it is not written.
+    """
+    lo = build.settings.lora
+    if not lo.adapters:
+        return None
+    out: dict[str, Any] = {}
+    if plan is not None and plan.lora is not None:
+        rank, modules = plan.lora.max_lora_rank, list(plan.lora.trtllm_modules)
+    else:  # no plan (deployment files, spec checks): the adapters' headers, as the plan reads them
+        from builders.lora import HF_TO_TRTLLM, max_rank, read_adapters
+
+        adapters, _ = read_adapters(lo.adapters)
+        rank = max_rank(lo, adapters)
+        modules = [HF_TO_TRTLLM[m] for m in sorted({m for a in adapters for m in a.target_modules})]  # as lora_plan
+    if rank:
+        out["max_lora_rank"] = rank
+    out.update(max_loras=lo.max_loras, max_cpu_loras=lo.max_cpu_loras)
+    if modules:
+        out["lora_target_modules"] = modules
+    if engine_dir is not None:
+        from builders.lora import adapter_dir
+
+        out["lora_dir"] = [str(adapter_dir(Path(engine_dir).resolve(), name)) for name in lo.adapters]
+    return out
+
+
+def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None, release: str = RELEASES[0],
+                    engine_dir: Optional[Path] = None) -> dict[str, Any]:
     """The options for ``tensorrt_llm.LLM`` (PyTorch backend) of ``build`` as planned, for TensorRT-LLM ``release``
     (a key of :data:`plugins.llmapi_args.LLM_API_ARGS`): a dict for YAML.
 
     Keys are ``TorchLlmArgs`` fields (TensorRT-LLM ``llmapi/llm_args.py``); nested dicts are ``KvCacheConfig``,
-    ``SchedulerConfig``, ``CudaGraphConfig`` and the ``speculative_config`` of :func:`speculative_config` (the one
-    part spelt differently per release). ``serving.llm_api_options`` entries are merged last (the user's word wins),
+    ``SchedulerConfig``, ``CudaGraphConfig``, the ``speculative_config`` of :func:`speculative_config` (the one
+    part spelt differently per release) and the ``lora_config`` of :func:`lora_config` (``engine_dir``: the engine
+    folder its ``lora_dir`` points into). ``serving.llm_api_options`` entries are merged last (the user's word wins),
     then checked by :func:`option_problems`. Without ``plan`` (spec checks) the expert sizes are the spec's when it
     sets them.
     """
@@ -100,6 +139,9 @@ def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None, release: 
         options["speculative_config"] = speculative_config(sv.speculative_decoding, release)
     if sv.guided_decoding_backend:
         options["guided_decoding_backend"] = sv.guided_decoding_backend
+    lora = lora_config(build, plan, engine_dir)
+    if lora is not None:
+        options["lora_config"] = lora
     if plan is not None and plan.model.is_moe or plan is None and (par.moe_ep_size or par.moe_tp_size):
         moe_tp, moe_ep = (plan.moe_tp_size, plan.moe_ep_size) if plan is not None else par.moe_sizes
         options.update(moe_tensor_parallel_size=moe_tp, moe_expert_parallel_size=moe_ep)
@@ -111,15 +153,17 @@ def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None, release: 
     return options
 
 
-def options_by_release(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[str, dict[str, Any]]:
+def options_by_release(build: ResolvedBuild, plan: Optional[Plan] = None,
+                       engine_dir: Optional[Path] = None) -> dict[str, dict[str, Any]]:
     """:func:`llm_api_options` for every release in :data:`RELEASES`, oldest first."""
-    return {r: llm_api_options(build, plan, r) for r in RELEASES}
+    return {r: llm_api_options(build, plan, r, engine_dir) for r in RELEASES}
 
 
-def options_files(build: ResolvedBuild, plan: Optional[Plan] = None) -> dict[str, str]:
+def options_files(build: ResolvedBuild, plan: Optional[Plan] = None,
+                  engine_dir: Optional[Path] = None) -> dict[str, str]:
     """``{file name: YAML text}``: ``llm_api_options.yaml`` for the oldest release (the pinned container's) and
     ``llm_api_options-<release>.yaml`` for each later one whose options differ (speculative decoding's spelling)."""
-    by_release = options_by_release(build, plan)
+    by_release = options_by_release(build, plan, engine_dir)
     first = by_release[RELEASES[0]]
     files = {OPTIONS_FILE: options_yaml(first, build, [r for r, o in by_release.items() if o == first])}
     for release, options in by_release.items():

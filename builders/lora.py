@@ -19,6 +19,7 @@ Formats and rules followed:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -47,10 +48,10 @@ _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 REFUSED_QUANT = {
-    "int8_sq": "TensorRT-LLM refuses LoRA with INT8 SmoothQuant (NVIDIA/TensorRT-LLM issue #12703: the lora plugin "
-               "has no int8 activation path)",
+    "int8_sq": "TensorRT-LLM refuses LoRA with INT8 SmoothQuant (NVIDIA/TensorRT-LLM issue #12703)",
 }
-"""quantization.quant_algo values that upstream refuses with LoRA, and why."""
+"""quantization.quant_algo values that upstream refuses with LoRA, and why. int8_sq: its SmoothQuant layers assert
+``lora_runtime_params is None`` (tensorrt_llm/quantization/layers.py), so trtllm-build fails with --lora_plugin."""
 
 
 @dataclass(frozen=True)
@@ -179,16 +180,21 @@ def read_adapter(name: str, path: str | Path, task_id: int, field: str) -> tuple
     shapes: dict = {}
     halves: dict = {}
     dtypes = set()
+    unserved = []
     for key, meta in sorted(header.items()):
         m = _KEY.match(key)
         if not m or PARENT.get(m.group(3)) != m.group(2):
-            problems.append(_problem(f"{field} ({WEIGHTS_FILE})", key, "a LoRA tensor of a module that is not served "
-                                     f"(served: {', '.join(HF_TO_TRTLLM)} of the decoder layers)",
-                                     "train the adapter with target_modules among those", "lora_target_module"))
+            unserved.append(key)
             continue
         layer, module, ab = int(m.group(1)), m.group(3), m.group(4)
         halves.setdefault((layer, module), {})[ab] = tuple(meta.get("shape", ()))
         dtypes.add(meta.get("dtype"))
+    if unserved and not unsupported:  # a variant's own tensors (DoRA's magnitudes) follow from its problem above
+        problems.append(_problem(f"{field} ({WEIGHTS_FILE})", unserved[:3] + ([f"... {len(unserved)} in all"]
+                                                                              if len(unserved) > 3 else []),
+                                 "LoRA tensors of modules that are not served (served: "
+                                 f"{', '.join(HF_TO_TRTLLM)} of the decoder layers)",
+                                 "train the adapter with target_modules among those", "lora_target_module"))
     for (layer, module), pair in sorted(halves.items()):
         a, b = pair.get("A"), pair.get("B")
         if a is None or b is None or len(a) != 2 or len(b) != 2 or (isinstance(rank, int) and (a[0] != rank or
@@ -242,8 +248,10 @@ def lora_problems(build, hf_config: dict, adapters: Optional[list[Adapter]] = No
 
     Names valid as OpenAI model ids and distinct from the build's own; each adapter readable and a plain LoRA of
     served modules; its tensors shaped for this model's layers; rank <= max_lora_rank; max_cpu_loras >= max_loras
-    (TensorRT-LLM's host cache holds every GPU-resident adapter); quantization upstream refuses with LoRA refused
-    (:data:`REFUSED_QUANT`); KV-cache reuse refused on the portable runtime (its prefix cache is not keyed by adapter).
+    (TensorRT-LLM copies adapters to the GPU cache from the host cache, which keeps them while in use);
+    quantization upstream refuses with LoRA refused
+    (:data:`REFUSED_QUANT`); bfloat16 refused on the trtllm runtime (no bfloat16 .npy reader for
+    lora_prefetch_dir); KV-cache reuse refused on the portable runtime (its prefix cache is not keyed by adapter).
 
     Args:
         build: the resolved build (builders.spec.ResolvedBuild).
@@ -290,10 +298,18 @@ def lora_problems(build, hf_config: dict, adapters: Optional[list[Adapter]] = No
             problems.append(_problem(field, list(a.target_modules), "LoRA on a mixture-of-experts model's MLP is not "
                                      "served (only its attention projections)", "train the adapter on q_proj, "
                                      "k_proj, v_proj and o_proj only", "lora_target_module"))
+    # TensorRT-LLM's PeftCacheManager::ensureBatch copies host -> GPU; upstream does not check the counts itself
     if lora.max_cpu_loras < lora.max_loras:
-        problems.append(_problem(where("lora.max_cpu_loras"), lora.max_cpu_loras, f"the host cache holds every "
-                                 f"adapter of the GPU cache, so it needs at least max_loras ({lora.max_loras}) slots",
+        problems.append(_problem(where("lora.max_cpu_loras"), lora.max_cpu_loras, "adapters reach the GPU cache only "
+                                 f"from the host cache, so fewer host slots than max_loras ({lora.max_loras}) leave GPU "
+                                 "slots unused",
                                  f"set lora.max_cpu_loras to {lora.max_loras} or more", "lora_cache"))
+    if build.settings.runtime == "trtllm" and build.settings.dtype == "bfloat16":
+        problems.append(_problem(where("dtype"), "bfloat16", "the trtllm runtime serves adapters from "
+                                 "lora_prefetch_dir, whose .npy reader in TensorRT-LLM 1.2.1 reads float16 and float32 "
+                                 "but no bfloat16, and LoRA weights must be in the engine dtype "
+                                 "(tests/facts/trtllm_1_2_1/lora.json)", "set dtype: float16 for a build with "
+                                 "lora.adapters on the trtllm runtime", "lora_dtype"))
     quant = build.settings.quantization.quant_algo
     if quant in REFUSED_QUANT:
         problems.append(_problem(where("quantization.quant_algo"), quant, REFUSED_QUANT[quant],
@@ -335,18 +351,19 @@ def slot_bytes(shape: ModelShape, modules: tuple[str, ...], rank: int, dtype_byt
     return per_layer * shape.num_hidden_layers
 
 
+LORA_DIR = "lora"
+"""The adapters' folder inside an engine folder (the runtimes that read HF PEFT folders: pytorch, trtllm-llmapi)."""
 TABLE = "adapters.json"
-"""The adapter table a runtime's LoRA folder holds: ``{"adapters": [{name, task_id, path, rank, alpha, use_rslora,
-scaling, target_modules}]}`` (path relative to the folder that holds the LoRA folder)."""
+"""The adapter table inside :data:`LORA_DIR`: ``[{name, task_id, path, rank, alpha, use_rslora, scaling,
+target_modules, layers, parameters}]`` in task-id order (path relative to the engine folder)."""
 
 
 def adapters_digest(adapters: list[Adapter]) -> str:
     """SHA-256 over each adapter's name, task id and the bytes of its two files: a stage that serves adapters keys on
     it, so an adapter retrained in place reruns that stage."""
-    import hashlib
 
     h = hashlib.sha256()
-    for a in adapters:
+    for a in sorted(adapters, key=lambda a: a.task_id):
         h.update(f"{a.name}\0{a.task_id}\0".encode())
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             with open(a.path / name, "rb") as fh:
@@ -355,23 +372,30 @@ def adapters_digest(adapters: list[Adapter]) -> str:
     return h.hexdigest()
 
 
-def write_adapters(adapters: list[Adapter], out: Path, folder: str = "lora") -> Optional[Path]:
-    """Copy each adapter's PEFT files into ``out/<folder>/<name>/`` and write ``out/<folder>/adapters.json``
-    (:data:`TABLE`): what the runtimes that read HF PEFT folders load (the portable runtime's adapters.py, the LLM
-    API's ``LoRARequest.lora_path``). Returns the folder, or None without adapters."""
+def adapter_dir(engine_dir: Path, name: str) -> Path:
+    """Where adapter ``name`` lives inside ``engine_dir`` (:func:`write_adapters`)."""
+    return Path(engine_dir) / LORA_DIR / name
+
+
+def write_adapters(adapters: list[Adapter], engine_dir: Path) -> list[dict]:
+    """Copy (hard-link where the filesystem allows) each adapter's two PEFT files into ``engine_dir/lora/<name>/`` and
+    write ``engine_dir/lora/adapters.json`` (:data:`TABLE`): what the runtimes that read HF PEFT folders load (the
+    portable runtime's adapters.py; the LLM API's ``LoRARequest.lora_path``, ``lora_ckpt_source: hf``). Returns the
+    table ([] and nothing written without adapters)."""
+    import os
     import shutil
 
-    if not adapters:
-        return None
-    root = out / folder
-    root.mkdir(parents=True, exist_ok=True)
     table = []
-    for a in adapters:
-        dest = root / a.name
-        dest.mkdir(exist_ok=True)
+    for a in sorted(adapters, key=lambda a: a.task_id):
+        dest = adapter_dir(engine_dir, a.name)
+        dest.mkdir(parents=True, exist_ok=True)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
-            shutil.copyfile(a.path / name, dest / name)
+            try:
+                os.link(a.path / name, dest / name)
+            except OSError:
+                shutil.copyfile(a.path / name, dest / name)
         table.append({**{k: v for k, v in a.summary().items() if k not in ("path", "base_model")},
-                      "path": f"{folder}/{a.name}"})
-    (root / TABLE).write_text(json.dumps({"adapters": table}, indent=2) + "\n")
-    return root
+                      "path": f"{LORA_DIR}/{a.name}"})
+    if table:
+        (Path(engine_dir) / LORA_DIR / TABLE).write_text(json.dumps(table, indent=2) + "\n")
+    return table

@@ -212,9 +212,10 @@ class LoraPlan(_Frozen):
     target_modules: list[str]
     """The projections any adapter adapts (HF names)."""
     trtllm_modules: list[str]
-    """The same in TensorRT-LLM's names (trtllm-build ``--lora_target_modules``)."""
+    """The modules the runtime holds, in TensorRT-LLM's names (trtllm-build ``--lora_target_modules``): the target
+    modules, with q, k and v all three when any is a target (upstream adds the missing ones)."""
     slot_bytes: int
-    """One cache slot on one rank: an adapter of max_lora_rank on every target module of every layer."""
+    """One cache slot on one rank: an adapter of max_lora_rank on every held module of every layer."""
     gpu_cache_bytes: int
     """max_loras slots, taken from device memory before the KV pool."""
     host_cache_bytes: int
@@ -559,12 +560,16 @@ def lora_plan(build: ResolvedBuild, shape: ModelShape, adapters: list, dtype_byt
         return None
     lo = build.settings.lora
     modules = sorted({m for a in adapters for m in a.target_modules})
+    # The runtime holds q, k and v together when any is adapted (TensorRT-LLM's get_missing_qkv_modules, on the
+    # engine and the LLM-API paths), and sizes its cache over every module it holds.
+    held = sorted(set(modules) | ({"q_proj", "k_proj", "v_proj"} if {"q_proj", "k_proj", "v_proj"} & set(modules)
+                                 else set()))
     rank = max_rank(lo, adapters)
-    slot = slot_bytes(shape, tuple(modules), rank, dtype_bytes, tp)
+    slot = slot_bytes(shape, tuple(held), rank, dtype_bytes, tp)
     return LoraPlan(adapters=[LoraAdapterPlan(**a.summary(), bytes_per_rank=adapter_bytes(a, dtype_bytes, tp))
                               for a in adapters],
                     max_lora_rank=rank, max_loras=lo.max_loras, max_cpu_loras=lo.max_cpu_loras,
-                    target_modules=modules, trtllm_modules=[HF_TO_TRTLLM[m] for m in modules], slot_bytes=slot,
+                    target_modules=modules, trtllm_modules=[HF_TO_TRTLLM[m] for m in held], slot_bytes=slot,
                     gpu_cache_bytes=slot * lo.max_loras, host_cache_bytes=slot * lo.max_cpu_loras)
 
 

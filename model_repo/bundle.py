@@ -5,6 +5,9 @@ to finish the build and serve it with one command:
 
 * ``checkpoint/``: the quantized TensorRT-LLM checkpoint (hard links when possible);
 * ``tokenizer/``: tokenizer files for preprocessing/postprocessing;
+* ``lora/`` (with ``lora.adapters``): each adapter converted for the C++ runtime, ``lora/<task_id>/model.lora_
+  {weights,config}.npy`` (builders.lora_trtllm); the script copies it into the engine folder, where the
+  repository's ``lora_prefetch_dir`` points;
 * ``model_repo/``: the Triton repository for the C++ ``tensorrtllm`` backend, its engine
   path pointing at ``<bundle>/engine`` (the script re-points paths if the bundle moved);
 * ``plan.json``: resolved settings, build limits, plugin decisions with reasons, the
@@ -144,6 +147,15 @@ build() {{
   echo "engine built: $BUNDLE_DIR/engine"
 }}
 
+sync_lora_if_built() {{ if [ -d "$BUNDLE_DIR/engine" ]; then sync_lora; fi; }}
+
+sync_lora() {{
+  # The LoRA adapters, converted at bundle time, go where lora_prefetch_dir points: <engine>/lora.
+  if [ -d "$BUNDLE_DIR/lora" ]; then
+    rm -rf "$BUNDLE_DIR/engine/lora" && cp -r "$BUNDLE_DIR/lora" "$BUNDLE_DIR/engine/lora"
+  fi
+}}
+
 serve() {{
   repoint_paths
   check_engine "$BUNDLE_DIR/engine" || die "no complete engine in $BUNDLE_DIR/engine: run ./{SCRIPT_NAME} build"
@@ -164,9 +176,9 @@ Triton's {', '.join(TRITON_ADMIN_APIS)} APIs then answer only requests that send
 }}
 
 case "$ACTION" in
-  build) build ;;
-  serve) serve ;;
-  all) build && serve ;;
+  build) build && sync_lora ;;
+  serve) sync_lora_if_built; serve ;;
+  all) build && sync_lora && serve ;;
   *) die "unknown action '$ACTION': use build, serve or nothing (both)" ;;
 esac
 """
@@ -209,7 +221,13 @@ def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir:
     argv = trtllm_build_argv(checkpoint_dir=Path(f"{BUNDLE_VAR}/checkpoint"),
                              output_dir=Path(f"{BUNDLE_VAR}/engine.tmp"), limits=limits,
                              plugins=plugins, world_size=world_size, gpus_available=world_size,
-                             timing_cache=Path(f"{BUNDLE_VAR}/timing_cache/{target.name}.cache"))
+                             timing_cache=Path(f"{BUNDLE_VAR}/timing_cache/{target.name}.cache"),
+                             lora=plan.lora, dtype=plan.dtype)
+    lora_facts = None
+    if plan.lora is not None:
+        from builders import lora_trtllm as lt
+
+        lora_facts = lt.write_prefetch_dir(lt.adapters_of(plan.lora), tmp / "lora", plan.dtype)
     i = argv.index("--workers")
     argv[i + 1] = WORKERS_VAR
     serve = leader_mode_argv(world_size, f"{BUNDLE_VAR}/model_repo", http_port="${HTTP_PORT}", grpc_port="${GRPC_PORT}",
@@ -225,9 +243,9 @@ def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir:
         "tensorrt_llm_version": TRTLLM_VERSION, "target_sm": target.sm, "world_size": world_size,
         "settings": build.settings.model_dump(mode="json"), "build_config": limits.as_dict(),
         "plugins": [{"flag": d.flag, "value": d.value, "reason": d.reason, "implicit": d.implicit} for d in plugins],
-        "trtllm_build_argv": argv, "serve_argv": serve, "stage_keys": stage_keys,
+        "trtllm_build_argv": argv, "serve_argv": serve, "stage_keys": stage_keys, "lora_prefetch": lora_facts,
         "repository_plan": repo.as_dict(),
     }
     (tmp / "plan.json").write_text(json.dumps(plan_doc, indent=2, default=str) + "\n")
     return {"bundle": str(final), "script": str(final / SCRIPT_NAME), "checkpoint_files": method,
-            "tensorrt_llm_version": TRTLLM_VERSION, "world_size": world_size}
+            "tensorrt_llm_version": TRTLLM_VERSION, "world_size": world_size, "lora_prefetch": lora_facts}

@@ -204,7 +204,8 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
     if serve:
         from builders.llmapi_options import llm_api_options
 
-        upstream = {"model": f"{mount}/engine", "backend": "pytorch", **llm_api_options(build),
+        upstream = {"model": f"{mount}/engine", "backend": "pytorch",
+                    **llm_api_options(build, engine_dir=Path(mount) / "engine"),  # lora_dir under the mount
                     "triton_config": {"max_batch_size": sv.triton_max_batch_size or s.limits.max_batch_size,
                                       "decoupled": build.decoupled}}
         reasons["trtllm_serve"] = ("trtllm-serve.sh: TensorRT-LLM's OpenAI server on the same checkpoint and LLM-API "

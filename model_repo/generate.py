@@ -360,7 +360,7 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
              "spec: serving.instance_counts.postprocessing")
 
     if build.runtime.builds_trt_engine:
-        llm = _plan_trtllm_model(build, target, engine_dir, limit_src, dec_src, tokenizer_dir)
+        llm = _plan_trtllm_model(build, target, engine_dir, limit_src, dec_src, tokenizer_dir, plan=plan)
     else:
         llm = _plan_python_llm_model(build, target, engine_dir, limit_src, dec_src, kv_pool_tokens)
         if not build.runtime.llm_api:  # the LLM API takes it from llm_api_options.yaml (builders.llmapi_options)
@@ -390,7 +390,8 @@ def plan_repository(build, target, plan: Plan | None, engine_dir: Path, *, engin
     if build.runtime.llm_api:  # the options tensorrt_llm.LLM gets: one file for Triton and trtllm-serve
         from builders.llmapi_options import options_files
 
-        files.update({f"tensorrt_llm/1/{name}": text for name, text in options_files(build, plan).items()})
+        files.update({f"tensorrt_llm/1/{name}": text
+                      for name, text in options_files(build, plan, engine_dir).items()})  # lora_dir: engine_dir/lora
     return RepositoryPlan([ens, bls, pre, llm, post], sys_path if sys_path is not None else default_sys_path(), files)
 
 
@@ -467,7 +468,7 @@ def _plan_python_llm_model(build, target, engine_dir: Path, limit_src: dict, dec
 
 
 def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src: str,
-                       tokenizer_dir: Path | None = None) -> ModelPlan:
+                       tokenizer_dir: Path | None = None, plan: Plan | None = None) -> ModelPlan:
     """The C++ `tensorrtllm`-backend model over a trtllm-build engine: every parameter explicit."""
     s = build.settings
     sv, lim = s.serving, s.limits
@@ -519,8 +520,30 @@ def _plan_trtllm_model(build, target, engine_dir: Path, limit_src: dict, dec_src
         for key in ("tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend"):
             llm.set(key, "", "spec: serving.guided_decoding_backend null: guided decoding off (the backend reads "
                     "the key unconditionally)")
+    _set_lora_parameters(llm, plan, engine_dir)
     _set_tensor_tables(llm, side="runtime", runtime=build.runtime, reshape=True)
     return llm
+
+
+def _set_lora_parameters(llm: ModelPlan, plan: Plan | None, engine_dir: Path) -> None:
+    """The C++ backend's LoRA cache parameters (keys in tests/facts/trtllm_1_2_1/backend_parameters.json), written
+    only with ``lora.adapters``: ``lora_prefetch_dir`` (the engine's converted adapters, builders.lora_trtllm) and
+    the cache sizes of builders.lora_trtllm.cache_parameters. Without adapters no key is written: a present
+    ``lora_prefetch_dir`` is passed on even when empty."""
+    lora = plan.lora if plan is not None else None
+    if lora is None:
+        llm.set("lora_parameters", "", "no lora.adapters: no LoRA cache parameters (the backend's defaults)")
+        return
+    from builders.lora_trtllm import cache_parameters, prefetch_dir_of
+
+    params = {"lora_prefetch_dir": (str(prefetch_dir_of(engine_dir)), "engine stage (or the bundle's script): "
+                                    "lora.adapters converted as hf_lora_convert.py does, one folder per task id")}
+    params.update(cache_parameters(lora, plan.memory))
+    for key, (value, source) in params.items():
+        llm.set(key, value, source)
+    llm.set("lora_parameters", "".join(
+        f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}  # {src}\n' for k, (v, src) in params.items()),
+        "builders.lora_trtllm (one line per parameter, each with its source)")
 
 
 def render_config(mp: ModelPlan) -> str:

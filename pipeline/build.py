@@ -239,9 +239,8 @@ def pytorch_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
         from builders.lora import write_adapters
 
         info = build_pytorch_engine(ckpt.path, ctx.hf_dir, tmp, limits=ctx.plan.limits)
-        if write_adapters(adapters, tmp) is not None:
-            info["lora_adapters"] = [a.name for a in adapters]
-        return info
+        table = write_adapters(adapters, tmp)
+        return {**info, "lora_adapters": table} if table else info
 
     return run_stage("engine", ctx.out / "engine", key, produce, force=ctx.force)
 
@@ -251,11 +250,9 @@ def _adapters(ctx: BuildContext) -> list:
     (config and header only: the plan checked them)."""
     from builders.lora import read_adapters
 
-    adapters, problems = read_adapters(ctx.build.settings.lora.adapters)
-    if problems:  # changed on disk since the plan read them
-        from plugins.errors import SpecError
-
-        raise SpecError(problems, ctx.build.spec_path)
+    adapters, problems = read_adapters(ctx.build.settings.lora.adapters, ctx.build.where("lora.adapters"))
+    if problems:  # preflight read them already: changed since, or unreadable now
+        raise StageError("LoRA adapters cannot be read: " + "; ".join(p.render() for p in problems))
     return adapters
 
 
@@ -267,13 +264,23 @@ def _adapters_key(adapters: list) -> dict:
 
 
 def llmapi_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
-    """The LLM API serves the unified HF checkpoint itself: the "engine" is that folder plus limits."""
+    """The LLM API serves the unified HF checkpoint itself: the "engine" is that folder plus limits, and the LoRA
+    adapters of ``lora.adapters`` copied into ``lora/`` with their table (builders.lora.write_adapters); the key holds the
+    adapters' content digest, so an adapter retrained in place rebuilds the folder."""
     from builders.quantize_hf import prepare_llmapi_engine
 
+    adapters = _adapters(ctx)
     key = stage_key(stage="engine", checkpoint=ckpt.key, spec=ctx.build.key_fields("engine"),
-                    tokenizer=TOKENIZER_COMPAT)
-    return run_stage("engine", ctx.out / "engine", key, lambda tmp: prepare_llmapi_engine(
-        ckpt.path, ctx.hf_dir, tmp, limits=ctx.plan.limits), force=ctx.force)
+                    tokenizer=TOKENIZER_COMPAT, **_adapters_key(adapters))
+
+    def produce(tmp: Path) -> dict:
+        from builders.lora import write_adapters
+
+        info = prepare_llmapi_engine(ckpt.path, ctx.hf_dir, tmp, limits=ctx.plan.limits)
+        table = write_adapters(adapters, tmp)
+        return {**info, "lora_adapters": table} if table else info
+
+    return run_stage("engine", ctx.out / "engine", key, produce, force=ctx.force)
 
 
 def trtllm_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
@@ -286,6 +293,11 @@ def trtllm_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     # the GPU architecture. Not the worker count, log level, progress display or output paths.
     engine_inputs = dict(checkpoint=ckpt.key, spec=build.key_fields("engine"),
                          plugins=[p.cli() for p in plugins if not p.implicit], sm=target.sm)
+    if plan.lora is not None:  # the engine folder (or bundle) holds the converted adapters: key on their content
+        from builders.lora import adapters_digest
+        from builders.lora_trtllm import adapters_of
+
+        engine_inputs["lora"] = adapters_digest(adapters_of(plan.lora))
     if ctx.toolchain is None:
         from model_repo.bundle import write_bundle
 
@@ -303,7 +315,7 @@ def trtllm_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     return run_stage("engine", ctx.out / "engine", key, lambda tmp: et.build_trtllm_engine(
         ckpt_dir=ckpt.path, hf_dir=ctx.hf_dir, out_dir=tmp, limits=plan.limits, plugins=plugins,
         world_size=build.world_size, timing_cache=timing_cache, toolchain=ctx.toolchain,
-        progress=ctx.progress), force=ctx.force)
+        progress=ctx.progress, lora=plan.lora, dtype=plan.dtype), force=ctx.force)
 
 
 ENGINE_STAGES: dict[str, Callable[[BuildContext, StageResult], StageResult]] = {

@@ -21,7 +21,8 @@ class LlmApiArgs:
         source: the upstream commit the sets were read at.
         fields: top-level option names (``TorchLlmArgs`` and its base ``BaseLlmArgs``).
         trt_only: options of the TensorRT backend's ``TrtLlmArgs`` that the PyTorch backend refuses.
-        nested: fields of the nested config options (``kv_cache_config``, ``scheduler_config``, ``cuda_graph_config``).
+        nested: fields of the nested config options (``kv_cache_config``, ``scheduler_config``, ``cuda_graph_config``,
+            ``lora_config``: LoraConfig, tests/facts/trtllm_*/lora_llmapi.json).
         speculative: ``speculative_config`` keys per ``decoding_type`` value the release accepts (the
             ``DecodingBaseConfig`` fields, the subclass's own, and ``decoding_type``).
         guided_decoding_backends: the ``guided_decoding_backend`` values.
@@ -80,6 +81,10 @@ LLM_API_ARGS: dict[str, LlmApiArgs] = {
 """,
             "scheduler_config": "capacity_scheduler_policy context_chunking_policy dynamic_batch_config",
             "cuda_graph_config": "batch_sizes enable_padding max_batch_size",
+            "lora_config": """
+    lora_dir lora_ckpt_source max_lora_rank lora_target_modules trtllm_modules_to_hf_modules max_loras
+    max_cpu_loras swap_gate_up_proj_lora_b_weight
+""",
         }.items()},
         speculative=_decoding(
             "max_draft_len max_total_draft_tokens speculative_model_dir max_concurrency draft_len_schedule "
@@ -142,6 +147,10 @@ LLM_API_ARGS: dict[str, LlmApiArgs] = {
 """,
             "scheduler_config": "capacity_scheduler_policy context_chunking_policy dynamic_batch_config enable_prefix_aware_scheduling use_python_scheduler waiting_queue_policy",
             "cuda_graph_config": "batch_sizes enable_padding max_batch_size mode",
+            "lora_config": """
+    lora_dir lora_ckpt_source max_lora_rank lora_target_modules trtllm_modules_to_hf_modules max_loras
+    max_cpu_loras swap_gate_up_proj_lora_b_weight overlap_lora_and_base cuda_graph_specialize_lora
+""",
         }.items()},
         speculative=_decoding(
             "max_draft_len max_total_draft_tokens speculative_model speculative_model_dir moe_backend "

@@ -13,6 +13,9 @@
 # Log probabilities go out as the portable runtime sends them: output_log_probs [1, 1, n] and cum_log_probs for
 # return_log_probs, top_log_probs / top_token_ids [1, 1, n, k] for num_top_logprobs k (n: this response's tokens),
 # read from CompletionOutput.logprobs (a dict {token id: Logprob} per token; tests/facts/trtllm_1_2_1/log_probs.json).
+# LoRA: lora_task_id (UINT64 [1], the C++ backend's input, declared with lora.adapters) picks an adapter of the
+# engine folder's lora/adapters.json, sent as generate_async(lora_request=LoRARequest(name, task id, path)); 0 or
+# absent is the base model; an unknown id fails that request, naming the served ones.
 
 import os as _os
 import sys as _sys
@@ -119,6 +122,16 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"TensorRT-LLM {tensorrt_llm.__version__}: LLM-API options from {path}")
         with open(path) as fh:
             options = yaml.safe_load(fh) or {}
+        # LoRA: lora_task_id -> LoRARequest from the engine folder's adapter table (request_params.lora_table)
+        self.lora_table = request_params.lora_table(_param(cfg, "gpt_model_path"))
+        if self.lora_table:
+            try:
+                from tensorrt_llm.llmapi import LoRARequest
+            except ImportError:  # the module that defines it (tensorrt_llm/executor/request.py)
+                from tensorrt_llm.executor.request import LoRARequest
+            self.LoRARequest = LoRARequest
+            pb_utils.Logger.log_info("LoRA adapters (lora_task_id: name): " + ", ".join(
+                f"{t}: {name}" for t, (name, _) in sorted(self.lora_table.items())))
         self.llm = LLM(model=_param(cfg, "gpt_model_path"), **options)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -165,10 +178,14 @@ class TritonPythonModel:
 
                     sampling["guided_decoding"] = GuidedDecodingParams(**opts.guided)
                 params = self.SamplingParams(**sampling)
+                adapter = request_params.lora_adapter(_opt_scalar(request, "lora_task_id", None),
+                                                      getattr(self, "lora_table", {}))
+                lora = self.LoRARequest(*adapter) if adapter else None  # (lora_name, lora_int_id, lora_path)
             except Exception as exc:  # a bad request fails alone
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
                 continue
-            asyncio.run_coroutine_threadsafe(self._generate(ids, params, opts, streaming, perf, sender), self.loop)
+            asyncio.run_coroutine_threadsafe(self._generate(ids, params, opts, streaming, perf, sender, lora),
+                                             self.loop)
         return None
 
     def _decode(self, token_ids):
@@ -178,7 +195,7 @@ class TritonPythonModel:
                                                     "the LLM did not load: send one-token words")
         return tok.decode(token_ids)
 
-    async def _generate(self, ids, params, opts, streaming, perf, sender):
+    async def _generate(self, ids, params, opts, streaming, perf, sender, lora=None):
         times = {"arrival_time_ns": time.time_ns(), "first_scheduled_time_ns": 0, "first_token_time_ns": 0,
                  "last_token_time_ns": 0}
         n = opts.num_sequences
@@ -211,7 +228,9 @@ class TritonPythonModel:
         try:
             # Streamed from the LLM even when the client does not stream (first-token times for perf
             # metrics); beam search is not, its beams are final only at the end.
-            async for out in self.llm.generate_async(ids, sampling_params=params, streaming=not opts.beam_search):
+            extra = {"lora_request": lora} if lora is not None else {}  # the base model: no LoRARequest at all
+            async for out in self.llm.generate_async(ids, sampling_params=params, streaming=not opts.beam_search,
+                                                     **extra):
                 now = time.time_ns()
                 if opts.context_logits and ctx_logits is None:  # RequestOutput.context_logits: [prompt, vocab]
                     ctx_logits = _array(getattr(out, "context_logits", None))

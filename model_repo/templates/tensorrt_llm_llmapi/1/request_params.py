@@ -223,3 +223,55 @@ def top_log_probs(entries, n: int, k: int) -> tuple[list, list]:
         vals.append([r[3] for r in best] + [float("-inf")] * (k - len(best)))
         ids.append([r[2] for r in best] + [-1] * (k - len(best)))
     return vals, ids
+
+
+# ---- LoRA: a request's lora_task_id -> LoRARequest(name, task id, path) --------------------------------------
+# The engine folder holds each adapter of lora.adapters under lora/<name>/ (an HF PEFT folder: adapter_config.json,
+# adapter_model.safetensors) and the table lora/adapters.json: [{name, task_id, path relative to the engine folder,
+# rank, ...}] (builders/lora.py write_adapters). The request input is the C++ backend's lora_task_id (UINT64 [1]); 0 or absent is
+# the base model. TensorRT-LLM's LoRARequest takes (lora_name, lora_int_id, lora_path[, lora_ckpt_source "hf"]) and
+# refuses a path that does not exist (tests/facts/trtllm_1_2_1/lora_llmapi.json lora_request).
+
+LORA_TABLE = "lora/adapters.json"
+"""The adapter table, relative to the engine folder (gpt_model_path)."""
+
+
+def lora_table(engine_dir: str) -> dict:
+    """``{task_id: (name, absolute path)}`` from the engine folder's adapter table; {} when it has none.
+
+    Raises:
+        ValueError: the table exists but is not a list of {name, task_id, path} with task ids >= 1.
+    """
+    import json
+    import os
+
+    path = os.path.join(engine_dir, LORA_TABLE)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as fh:
+        entries = json.load(fh)
+    table = {}
+    for e in entries:
+        task_id = int(e["task_id"])
+        if task_id < 1 or task_id in table:
+            raise ValueError(f"{path}: task_id {task_id} must be >= 1 and appear once")
+        table[task_id] = (str(e["name"]), os.path.normpath(os.path.join(engine_dir, e["path"])))
+    return table
+
+
+def lora_adapter(task_id, table: dict):
+    """The ``(name, task id, path)`` of the adapter a request's ``lora_task_id`` names, or None for the base model
+    (0 or absent).
+
+    Raises:
+        RequestOptionError: a task id no adapter of this model has (the error names the served ones).
+    """
+    if task_id is None or int(task_id) == 0:
+        return None
+    task_id = int(task_id)
+    if task_id not in table:
+        served = ", ".join(f"{t} ({name})" for t, (name, _) in sorted(table.items())) or "none: no adapters built"
+        raise RequestOptionError(f"lora_task_id = {task_id}: no such LoRA adapter; this model serves lora_task_id "
+                                 f"0 (the base model) and {served}")
+    name, path = table[task_id]
+    return name, task_id, path

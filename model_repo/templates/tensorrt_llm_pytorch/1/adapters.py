@@ -35,7 +35,7 @@ def read_table(engine_dir):
     if not os.path.isfile(path):
         return []
     with open(path) as fh:
-        return json.load(fh)["adapters"]
+        return json.load(fh)
 
 
 class LoraLinear(torch.nn.Module):
