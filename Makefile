@@ -12,6 +12,7 @@ RUNTIME ?=
 PROMPT ?= What is the capital of France?
 export PROMPT  # the query recipe reads it from the environment: quotes and $ in it reach trtpipe unchanged
 MAX_TOKENS ?= 64
+MODEL  ?=
 ARGS   ?=
 
 QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)$(if $(RUNTIME), --runtime $(RUNTIME),)
@@ -26,7 +27,7 @@ help:
 	@echo "make verify         [QUANT=...]: quantized checkpoint vs the source on held-out text (perplexity, top-1, KL); gates apply"
 	@echo "make deploy         (re)write build/<name>/<target>/deploy/ (docker compose + Kubernetes) for BUILD/TARGET"
 	@echo "make serve          start tritonserver on 127.0.0.1 with the built repository; returns when every model is READY"
-	@echo "make query          PROMPT='...': stream a chat answer through the ensemble (gRPC)"
+	@echo "make query          PROMPT='...' [MODEL=<LoRA adapter>]: stream a chat answer through the ensemble (gRPC)"
 	@echo "make loadtest       ARGS='--concurrency 1,2 --num-requests 16': load-test the ensemble (starts the server unless running)"
 	@echo "make stop           stop the server started by make serve"
 	@echo "make test           the whole test suite (builds the default once, starts real tritonserver instances)"
@@ -61,7 +62,7 @@ stop: $(STAMP)
 	$(TRTPIPE) stop $(BUILD) --target $(TARGET) $(QUANT_ARG)
 
 query: $(STAMP)
-	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) "$$PROMPT"
+	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) $(if $(MODEL),--model $(MODEL),) "$$PROMPT"
 
 loadtest: $(STAMP)
 	$(TRTPIPE) loadtest run $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)

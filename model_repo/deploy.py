@@ -218,12 +218,15 @@ def plan_deployment(build, target, build_folder: Path | None = None, served_from
         later = {r: f"{mount}/{TRTLLM_SERVE_OPTIONS_FILE.rsplit('/', 1)[0]}/{options_file(r)}"
                  for r in RELEASES[1:] if options_file(r) in names}
     repo = Path(build_folder) / ("bundle/model_repo" if served_from == "bundle" else "model_repo")
+    lora = served_adapters(build, build_folder)
     openai = frontend_argv("python3", grpc_url=f"127.0.0.1:{sv.grpc_port}", model=build.name,
                            tokenizer=f"{mount}/{'bundle/tokenizer' if served_from == 'bundle' else 'engine'}",
                            max_input_len=s.limits.max_input_len, max_seq_len=s.limits.max_seq_len,
                            add_special_tokens=preprocessing_adds_special_tokens(repo), host="0.0.0.0",
                            port=sv.openai_port, trust_remote_code=preprocessing_trusts_remote_code(repo),
-                           context_logits=s.limits.gather_context_logits)
+                           context_logits=s.limits.gather_context_logits,
+                           adapters={a["name"]: a["task_id"] for a in lora},
+                           adapter_paths={a["name"]: a["path"] for a in lora})
     reasons["openai"] = ("the OpenAI-compatible frontend beside tritonserver (the project's image): /v1 on "
                          f"serving.openai_port {sv.openai_port}, sending to the BLS model over 127.0.0.1 gRPC")
     return DeploymentPlan(build.name, s.runtime, runtime_image(rt), world, per_node, nodes, gpu,
@@ -248,6 +251,33 @@ def _preprocessing_flag(model_repository: Path, key: str) -> bool:
         return False
     pre = parse_config(path.read_text(), str(path))
     return key in pre.parameters and pre.parameters[key].string_value == "true"
+
+
+def served_adapters(build, build_folder: Path) -> list[dict]:
+    """The LoRA adapters ``build`` serves, as its plan.json in ``build_folder`` lists them (``lora.adapters``: each
+    ``{"name", "task_id", "path", ...}``, task ids 1, 2, ...); empty without adapters.
+
+    Raises:
+        PipelineError: the build file lists adapters but plan.json is missing, unreadable or lists others (a
+            folder built before they were added): rebuild it.
+    """
+    import json
+
+    from plugins.errors import PipelineError
+
+    wanted = list(build.settings.lora.adapters)
+    path = Path(build_folder) / "plan.json"
+    try:
+        lora = (json.loads(path.read_text()) or {}).get("lora") if path.is_file() else None
+    except (OSError, ValueError, AttributeError) as exc:
+        raise PipelineError(f"{path}: unreadable ({exc}): rebuild with `trtpipe build {build.spec_path} --target "
+                            f"{build.target}`") from exc
+    adapters = sorted((lora or {}).get("adapters") or [], key=lambda a: a["task_id"])
+    if [a["name"] for a in adapters] != wanted and wanted:
+        raise PipelineError(f"{path} lists LoRA adapters {[a['name'] for a in adapters]}, the build file "
+                            f"{wanted}: the folder was built before lora.adapters changed: rebuild with "
+                            f"`trtpipe build {build.spec_path} --target {build.target}`")
+    return adapters
 
 
 def preprocessing_adds_special_tokens(model_repository: Path) -> bool:

@@ -14,7 +14,7 @@ tests/facts/trtllm_1_2_1/llm_args.json and tests/facts/trtllm_1_4/llm_args.json 
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence, Union
 
 Port = Union[int, str]
 """A port number, or a shell variable (``"${HTTP_PORT}"``) where a script fills it in."""
@@ -168,18 +168,25 @@ def trtllm_serve_argv(build, mount: str, host: str = "0.0.0.0", port: Optional[i
 def frontend_argv(python: str, *, grpc_url: str, model: str, tokenizer: str, max_input_len: int, max_seq_len: int,
                   add_special_tokens: bool, host: str, port: int, triton_model: str = "tensorrt_llm_bls",
                   trust_remote_code: bool = False, context_logits: bool = False,
-                  triton_pid: Optional[int] = None) -> list[str]:
+                  triton_pid: Optional[int] = None, adapters: Optional[Mapping[str, int]] = None,
+                  adapter_paths: Optional[Mapping[str, str]] = None) -> list[str]:
     """The OpenAI-compatible frontend's command line (:data:`FRONTEND_MODULE`, whose parser takes exactly these
     options): ``trtpipe serve`` runs it beside tritonserver, the deployment files in a container of the project's
     image beside Triton's. ``context_logits``: the build's limits.gather_context_logits (``--context-logits``).
     ``triton_pid``: the local tritonserver's pid (``--triton-pid``: the frontend exits once that process has);
-    None in the deployment files, where Triton runs in another container and ``/health`` answers 503 instead."""
+    None in the deployment files, where Triton runs in another container and ``/health`` answers 503 instead.
+    ``adapters``: the build's LoRA adapters, name -> lora_task_id (plan.json ``lora.adapters``: ``--lora NAME=ID``
+    each, in task-id order); ``adapter_paths``: name -> PEFT folder (``--lora-path NAME=PATH``)."""
+    lora = sorted((adapters or {}).items(), key=lambda kv: kv[1])
     return [python, "-m", FRONTEND_MODULE, "--grpc-url", grpc_url, "--model", model, "--tokenizer",
             tokenizer, "--max-input-len", str(max_input_len), "--max-seq-len", str(max_seq_len), "--host", host,
             "--port", str(port), "--triton-model", triton_model, *(["--add-special-tokens"] if add_special_tokens
                                                                     else []),
             *(["--trust-remote-code"] if trust_remote_code else []), *(["--context-logits"] if context_logits else []),
-            *(["--triton-pid", str(triton_pid)] if triton_pid else [])]
+            *(["--triton-pid", str(triton_pid)] if triton_pid else []),
+            *(a for name, task in lora for a in ("--lora", f"{name}={task}")),
+            *(a for name, _ in lora if name in (adapter_paths or {})
+              for a in ("--lora-path", f"{name}={adapter_paths[name]}"))]
 
 
 def dynamo_frontend_argv(http_port: int, router_mode: str) -> list[str]:

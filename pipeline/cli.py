@@ -666,12 +666,15 @@ def cmd_query(args) -> int:
     if not args.raw and not (out / "engine" / "engine.json").is_file():
         raise PipelineError(f"{out / 'engine'} is not built yet: run `{_same_build(args, 'build')}` first, "
                             "or pass --raw to send the prompt without the model's chat template" + _not_built(out))
+    extra = dict(constraint.triton_inputs()) if constraint else {}
+    task = _query_task_id(build, out, args.model)
+    if task:
+        extra["lora_task_id"] = task
     text = args.prompt if args.raw else format_chat(out / "engine", args.prompt, args.system,
                                                     trust_remote_code=build.model.trust_remote_code)
     t0 = time.perf_counter()
     first, tokens, answer = None, 0, []
-    for chunk in stream_generate(url, text, args.max_tokens,
-                                 extra=constraint.triton_inputs() if constraint else None):
+    for chunk in stream_generate(url, text, args.max_tokens, extra=extra or None):
         if chunk.num_tokens and first is None:
             first = chunk.t - t0
         tokens += chunk.num_tokens
@@ -683,6 +686,20 @@ def cmd_query(args) -> int:
     print(f"[{tokens} tokens, TTFT {first if first is not None else float('nan'):.3f} s, total {total:.2f} s]",
           file=sys.stderr)
     return _report_constraint(constraint, "".join(answer), tokens, args.max_tokens) if constraint else 0
+
+
+def _query_task_id(build, folder: Path, model: str | None) -> int:
+    """``trtpipe query --model``: 0 for the base model (None, or the build's name), else the adapter's lora_task_id
+    from ``folder``'s plan.json; PipelineError naming the served ones for another name."""
+    if model is None or model == build.name:
+        return 0
+    from model_repo.deploy import served_adapters
+
+    adapters = {a["name"]: int(a["task_id"]) for a in served_adapters(build, folder)}
+    if model not in adapters:
+        raise PipelineError(f"--model {model}: neither the base model ({build.name}) nor one of its LoRA adapters "
+                            f"({', '.join(adapters) or 'the build file has no lora.adapters'})")
+    return adapters[model]
 
 
 def _report_constraint(constraint, answer: str, tokens: int, max_tokens: int) -> int:
@@ -923,6 +940,9 @@ def make_parser() -> argparse.ArgumentParser:
     q.add_argument("--system", default=None, help="optional system message")
     q.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
     q.add_argument("--url", default=None, help="gRPC host:port (default 127.0.0.1:<serving.grpc_port>)")
+    q.add_argument("--model", default=None, metavar="NAME",
+                   help="a LoRA adapter of the build file's lora.adapters (its lora_task_id, from the build's "
+                        "plan.json, goes with the request), or the build's name for the base model (the default)")
     qg = q.add_argument_group("structured output (guided decoding: the ensemble's guided_decoding_guide_type / "
                               "_guide inputs); exit status 1 when the answer does not satisfy it")
     qx = qg.add_mutually_exclusive_group()

@@ -57,12 +57,16 @@ def format_chat(tokenizer_dir: Path, prompt: str, system: str | None = None, *, 
     return tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
 
 
+UINT64_INPUTS = ("seed", "lora_task_id")
+"""The integer inputs the models declare UINT64 (the rest are INT32)."""
+
+
 def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int | None = None,
                  perf_metrics: bool = False, stop_words: list[str] | None = None, extra: dict | None = None):
     """tritonclient gRPC InferInput list for the ensemble (batch dim 1).
 
     ``extra`` maps further optional ensemble inputs to scalars (dtype from the value: bool,
-    int -> INT32 (``seed`` -> UINT64, as the ensemble declares it), float -> FP32, str -> BYTES (UTF-8; the
+    int -> INT32 (``seed`` and ``lora_task_id`` -> UINT64, as the ensemble declares them), float -> FP32, str -> BYTES (UTF-8; the
     guided-decoding guide), a list of str -> BYTES [1, n] (tensorrt_llm_bls's stop_strings)).
     """
     import tritonclient.grpc as grpcclient
@@ -88,7 +92,7 @@ def build_inputs(text: str, max_tokens: int, *, stream: bool = True, end_id: int
             inputs.append(tensor(name, np.array([[value.encode("utf-8")]], dtype=object), "BYTES"))
         elif isinstance(value, (list, tuple)):  # strings, one row: tensorrt_llm_bls's stop_strings
             inputs.append(tensor(name, np.array([[str(v).encode("utf-8") for v in value]], dtype=object), "BYTES"))
-        elif name == "seed":
+        elif name in UINT64_INPUTS:
             inputs.append(tensor(name, np.array([[value]], dtype=np.uint64), "UINT64"))
         elif isinstance(value, int):
             inputs.append(tensor(name, np.array([[value]], dtype=np.int32), "INT32"))

@@ -150,6 +150,10 @@ class FrontendLaunch:
     """The engine returns context logits (the build's limits.gather_context_logits)."""
     triton_pid: int | None = None
     """The tritonserver it fronts (its process, or mpirun's): the frontend exits once that process has."""
+    adapters: dict = field(default_factory=dict)
+    """The build's LoRA adapters: name -> lora_task_id (model_repo.deploy.served_adapters)."""
+    adapter_paths: dict = field(default_factory=dict)
+    """Adapter name -> its PEFT folder."""
 
     @property
     def url(self) -> str:
@@ -162,17 +166,24 @@ class FrontendLaunch:
                              max_input_len=self.max_input_len, max_seq_len=self.max_seq_len,
                              add_special_tokens=self.add_special_tokens, host=self.address, port=self.port,
                              triton_model=self.triton_model, trust_remote_code=self.trust_remote_code,
-                             context_logits=self.context_logits, triton_pid=self.triton_pid)
+                             context_logits=self.context_logits, triton_pid=self.triton_pid,
+                             adapters=self.adapters, adapter_paths=self.adapter_paths)
 
 
-def frontend_launch(build, cfg, port: int, tokenizer_dir: Path) -> FrontendLaunch:
+def frontend_launch(build, cfg, port: int, tokenizer_dir: Path, build_folder: Path | None = None) -> FrontendLaunch:
     """The frontend for ``build`` served by ``cfg`` (pipeline.serve.ServerConfig): its model id is the build name, its limits the build's,
-    prompt tokens counted as the repository's preprocessing model counts them (``add_special_tokens``)."""
-    from model_repo.deploy import preprocessing_adds_special_tokens, preprocessing_trusts_remote_code
+    prompt tokens counted as the repository's preprocessing model counts them (``add_special_tokens``), and the
+    build's LoRA adapters as its plan.json in ``build_folder`` lists them (default: the folder of
+    ``tokenizer_dir``, the build's ``engine/``; model_repo.deploy.served_adapters, which raises PipelineError for a
+    plan.json that does not list the build file's adapters)."""
+    from model_repo.deploy import preprocessing_adds_special_tokens, preprocessing_trusts_remote_code, served_adapters
 
     special = preprocessing_adds_special_tokens(cfg.model_repository)
     lim = build.settings.limits
+    lora = served_adapters(build, Path(build_folder) if build_folder is not None else Path(tokenizer_dir).parent)
     return FrontendLaunch(cfg.grpc_url, build.name, tokenizer_dir, lim.max_input_len, lim.max_seq_len, special,
                           cfg.address, port, cfg.model_repository.parent / "openai_frontend.log",
                           trust_remote_code=preprocessing_trusts_remote_code(cfg.model_repository),
-                          context_logits=lim.gather_context_logits)
+                          context_logits=lim.gather_context_logits,
+                          adapters={a["name"]: a["task_id"] for a in lora},
+                          adapter_paths={a["name"]: a["path"] for a in lora})

@@ -84,9 +84,57 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-n", type=int, default=8, help="most choices per request (default 8)")
     p.add_argument("--triton-model", default="tensorrt_llm_bls", help="the Triton model requests go to (default "
                    "tensorrt_llm_bls: it forwards cancellation; `ensemble` does not)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=TASK_ID", type=_lora_option,
+                   help="a LoRA adapter served beside the base model (repeatable): clients select it by sending NAME "
+                        "as `model`, and its requests carry lora_task_id TASK_ID (the build's plan.json "
+                        "lora.adapters)")
+    p.add_argument("--lora-path", action="append", default=[], metavar="NAME=PATH", type=_lora_path_option,
+                   help="the PEFT folder of adapter NAME (repeatable): /v1/models' root, and the only lora_path a "
+                        "request's lora_request may name")
     p.add_argument("--triton-pid", type=int, default=None, help="exit once this process (the local tritonserver "
                    "`trtpipe serve` started) has exited; without it (Triton elsewhere) /health answers 503 instead")
     return p
+
+
+def _pair(text: str, what: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"{text!r}: {what} expected")
+    return name, value
+
+
+def _lora_option(text: str) -> tuple[str, int]:
+    """``--lora NAME=TASK_ID`` -> (name, task id >= 1)."""
+    name, value = _pair(text, "NAME=TASK_ID")
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: TASK_ID must be an integer >= 1 (0 is the base model)")
+    return name, int(value)
+
+
+def _lora_path_option(text: str) -> tuple[str, str]:
+    """``--lora-path NAME=PATH`` -> (name, path)."""
+    return _pair(text, "NAME=PATH")
+
+
+def adapters_of(args: argparse.Namespace) -> tuple[dict[str, int], dict[str, str]]:
+    """The ``--lora`` and ``--lora-path`` options as FrontendConfig's ``adapters`` and ``adapter_paths``; ValueError
+    for a name given twice, a task id given to two names, a name that is the base model's, or a path without its
+    adapter."""
+    adapters: dict[str, int] = {}
+    for name, task in args.lora:
+        if name in adapters:
+            raise ValueError(f"--lora {name}=...: adapter {name!r} given twice")
+        if name == args.model:
+            raise ValueError(f"--lora {name}=...: {name!r} is the base model's id (--model)")
+        if task in adapters.values():
+            raise ValueError(f"--lora {name}={task}: task id {task} is already adapter "
+                             f"{next(n for n, t in adapters.items() if t == task)!r}'s")
+        adapters[name] = task
+    paths = dict(args.lora_path)
+    stray = sorted(set(paths) - set(adapters))
+    if stray:
+        raise ValueError(f"--lora-path {stray[0]}=...: no --lora {stray[0]}=TASK_ID")
+    return adapters, paths
 
 
 EXIT_REFUSED = 2
@@ -106,13 +154,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.max_body_bytes is not None and args.max_body_bytes < 1:
         print(f"error: --max-body-bytes {args.max_body_bytes}: must be at least 1 (bytes)", file=sys.stderr)
         return EXIT_REFUSED
+    try:
+        adapters, adapter_paths = adapters_of(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     cfg = FrontendConfig(args.grpc_url, args.model, args.tokenizer, args.max_input_len, args.max_seq_len,
                          args.add_special_tokens, triton_model=args.triton_model, max_n=args.max_n,
                          trust_remote_code=args.trust_remote_code, context_logits=args.context_logits,
-                         max_body_bytes=args.max_body_bytes)
+                         max_body_bytes=args.max_body_bytes, adapters=adapters, adapter_paths=adapter_paths)
+    if adapters:
+        log.info("LoRA adapters (model -> lora_task_id): %s", ", ".join(f"{n} -> {t}" for n, t in adapters.items()))
     log.info("API key: %s", "required on every route but /health and /metrics" if key else
              "none (listening on loopback only)")
     if args.triton_pid:  # exit once the local tritonserver has (SIGTERM first: uvicorn closes its connections)

@@ -19,12 +19,16 @@ backend (runtime ``trtllm``) with the sampled tokens' log probabilities only and
 streamed completion request. A completion prompt may be token ids (decoded here; the Triton models take text);
 several prompts in one non-streamed request are answered as OpenAI's legacy endpoint answers them (choice
 ``index`` = prompt x ``n`` + choice, usage summed), at most :data:`MAX_PROMPTS`.
+
+LoRA (:func:`lora_task_id`): ``model`` names the base model (the build name) or one of the build's adapters (vLLM's
+convention), and trtllm-serve's ``lora_request`` may name the adapter instead; an adapter is sent as the
+``lora_task_id`` input, the base model without it. Another model is a 404 ``model_not_found`` naming the served ids.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Optional, Union
 
@@ -43,6 +47,9 @@ OpenAI's legacy completions allow 5); the runtime's num_top_logprobs limit (trtp
 MAX_PROMPTS = 256
 """The most prompts in one ``/v1/completions`` request (each is one request to Triton, sent at once; vLLM sets no
 limit, lm-evaluation-harness sends ``--batch_size`` of them)."""
+LORA_INPUT = "lora_task_id"
+"""The Triton input that selects a LoRA adapter (UINT64 [1], upstream TensorRT-LLM backend's name; absent or 0: the
+base model); every runtime's ensemble, tensorrt_llm_bls and tensorrt_llm models take it."""
 LOG_PROB_INPUT = "num_top_logprobs"
 """The Triton input a model must declare for this frontend to ask it for log probabilities (the log-prob tensors
 of model_repo.generate: the portable runtime's repository has them)."""
@@ -82,6 +89,17 @@ class FrontendConfig:
     """A prompt longer than this many characters is refused before it is tokenized (it has more than max_input_len
     tokens: pipeline.openai_limits.prompt_char_limit, which create_app sets from the tokenizer); None: no such
     check."""
+    adapters: dict[str, int] = field(default_factory=dict)
+    """LoRA adapters served beside the base model: name (what a client sends as ``model``, vLLM's convention) ->
+    its ``lora_task_id`` (the build's plan.json ``lora.adapters``: 1, 2, ...); empty: the base model only."""
+    adapter_paths: dict[str, str] = field(default_factory=dict)
+    """Adapter name -> its PEFT folder as the build read it (``/v1/models``' ``root``; a ``lora_request`` naming
+    another ``lora_path`` is refused: adapters are fixed at build time); may leave adapters out."""
+
+    @property
+    def served(self) -> list[str]:
+        """The model ids clients may name: the base (the build name), then each adapter in task-id order."""
+        return [self.model, *sorted(self.adapters, key=self.adapters.get)]
 
     @property
     def body_limit(self) -> int:
@@ -323,13 +341,11 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool,
     ``tok``: the model's tokenizer (counts the prompt; ``len(tok)`` is the id ``ignore_eos`` stops at). APIError
     404 for another model, 400 for what is not supported or does not fit (``code`` ``context_length_exceeded``
     when the prompt, or prompt and max_tokens, exceed max_input_len / max_seq_len)."""
-    if body.model != cfg.model:
-        raise APIError(404, f"model {body.model!r} not found: this server serves {cfg.model!r}", param="model",
-                       code="model_not_found")
+    extra_fields = body.model_extra or {}
+    task_id = lora_task_id(cfg, body.model, extra_fields.get("lora_request"))
     if body.logit_bias:
         raise APIError(400, "logit_bias is not supported by this server (the Triton models bias words, not token "
                             "ids: send embedding_bias_words to Triton directly)", param="logit_bias")
-    extra_fields = body.model_extra or {}
     for key in ("functions", "function_call"):  # OpenAI's deprecated forms of tools / tool_choice
         if extra_fields.get(key):
             raise APIError(400, f"{key}: the deprecated function-calling fields are not supported: send "
@@ -378,7 +394,7 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool,
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     for word in stop:
         _check_text(word, "stop")
-    extra: dict = {}
+    extra: dict = {LORA_INPUT: task_id} if task_id else {}
     temperature = 1.0 if body.temperature is None else body.temperature
     greedy = temperature == 0.0 or body.top_p == 0.0 or body.top_k == 1
     if not greedy:  # greedy: nothing sent, the runtimes' default is greedy (top_k and top_p unset)
@@ -409,6 +425,60 @@ def prepare(cfg: FrontendConfig, tok: Any, body: _Body, prompt: str, chat: bool,
     return Prepared(n_prompt, max_tokens, stop, extra, body.n if body.n > 1 and greedy else 1, logprobs=logprobs,
                     echo=echo, prompt_ids=tuple(prompt_ids), echo_from=_echo_from(tok, prompt if sent is None else sent, prompt_ids) if echo else 0,
                     generate=generate, guide=guide, tools=plan)
+
+
+def model_not_found(cfg: FrontendConfig, name: Any, param: str = "model") -> APIError:
+    """404 ``model_not_found`` for a model id this server does not serve, naming the ids it does."""
+    return APIError(404, f"model {name!r} not found: this server serves {', '.join(map(repr, cfg.served))}",
+                    param=param, code="model_not_found")
+
+
+def lora_task_id(cfg: FrontendConfig, model: str, lora_request: Any = None) -> Optional[int]:
+    """The ``lora_task_id`` a request asks for: None for the base model, else the adapter's task id.
+
+    ``model``: the body's ``model`` (vLLM's convention: the base model's id, or an adapter's name). ``lora_request``:
+    trtllm-serve's extra body field (TensorRT-LLM's ``LoRARequest``: ``lora_name``, ``lora_int_id``, ``lora_path``),
+    which must name a served adapter by ``lora_name`` or ``lora_int_id`` (both: the same one); its ``lora_path``, when
+    sent, must be that adapter's folder, since adapters are fixed at build time. With it, ``model`` is the base
+    model's id or the same adapter's name. APIError 404 ``model_not_found`` for a model or adapter not served (the
+    message names the served ids), 400 for a malformed or conflicting ``lora_request``."""
+    if model != cfg.model and model not in cfg.adapters:
+        raise model_not_found(cfg, model)
+    if lora_request is None:
+        return cfg.adapters.get(model)
+    if not isinstance(lora_request, dict):
+        raise APIError(400, f"lora_request: an object of lora_name, lora_int_id and lora_path expected, got "
+                            f"{type(lora_request).__name__}", param="lora_request")
+    name, iid, path = (lora_request.get(k) for k in ("lora_name", "lora_int_id", "lora_path"))
+    if name is None and iid is None:
+        raise APIError(400, "lora_request: name the adapter by lora_name or lora_int_id (served: "
+                            f"{_adapter_list(cfg)})", param="lora_request")
+    if iid is not None and (isinstance(iid, bool) or not isinstance(iid, int)):
+        raise APIError(400, f"lora_request.lora_int_id: an integer expected, got {iid!r}", param="lora_request")
+    by_id = {t: n for n, t in cfg.adapters.items()}
+    found = name if name is not None else by_id.get(iid)
+    if found not in cfg.adapters:
+        what = f"lora_name {name!r}" if name is not None else f"lora_int_id {iid}"
+        raise APIError(404, f"lora_request: {what} is not an adapter this server serves (served: "
+                            f"{_adapter_list(cfg)})", param="lora_request", code="model_not_found")
+    if iid is not None and cfg.adapters[found] != iid:
+        raise APIError(400, f"lora_request: lora_name {found!r} is lora_int_id {cfg.adapters[found]} here, not "
+                            f"{iid}: send one of the two, or a matching pair", param="lora_request")
+    served_path = cfg.adapter_paths.get(found)
+    if path is not None and served_path is not None and str(path).rstrip("/") != served_path.rstrip("/"):
+        raise APIError(400, f"lora_request.lora_path {path!r}: adapter {found!r} is served from {served_path!r}; "
+                            "adapters are fixed at build time (the build file's lora.adapters): leave lora_path out, "
+                            "or add the adapter to the build and rebuild", param="lora_request")
+    if model != cfg.model and model != found:
+        raise APIError(400, f"model {model!r} and lora_request's adapter {found!r} differ: send the base model "
+                            f"{cfg.model!r} with lora_request, or the adapter's name as model alone",
+                       param="lora_request")
+    return cfg.adapters[found]
+
+
+def _adapter_list(cfg: FrontendConfig) -> str:
+    return ", ".join(f"{n!r} (lora_int_id {t})" for n, t in sorted(cfg.adapters.items(), key=lambda x: x[1])) \
+        or "none: this build has no lora.adapters"
 
 
 def _logprobs_asked(body: _Body, chat: bool) -> Optional[int]:

@@ -31,7 +31,7 @@ from pipeline.openai_context_logits import CONTEXT_LOGITS, SAMPLED_INPUT, engine
 from pipeline.openai_context_logits import prompt_arrays as context_prompt_arrays
 from pipeline.openai_logprobs import TokenLogprobs, TokenTexts, chat_content, completion_logprobs
 from pipeline.openai_requests import (LOG_PROB_INPUT, APIError, FrontendConfig, Prepared, _Body, chat_request,
-                                      completion_request, prepare, read_json)
+                                      completion_request, model_not_found, prepare, read_json)
 from pipeline.openai_triton import LOG_PROB_OUTPUTS, Delta, Triton
 from trtpipe_runtime.detokenize import StopMatcher
 
@@ -51,6 +51,7 @@ class Metrics:
     ttft_sum: float = 0.0
     ttft_count: int = 0
     cancelled: int = 0
+    by_model: dict = field(default_factory=dict)  # model id (base or LoRA adapter) -> requests sent to Triton
 
     def count(self, endpoint: str, status: int) -> None:
         self.requests[(endpoint, status)] = self.requests.get((endpoint, status), 0) + 1
@@ -82,8 +83,18 @@ class Metrics:
                   "# HELP trtpipe_openai_time_to_first_token_seconds Time from request to first token.",
                   "# TYPE trtpipe_openai_time_to_first_token_seconds summary",
                   f"trtpipe_openai_time_to_first_token_seconds_sum {self.ttft_sum}",
-                  f"trtpipe_openai_time_to_first_token_seconds_count {self.ttft_count}"]
+                  f"trtpipe_openai_time_to_first_token_seconds_count {self.ttft_count}",
+                  "# HELP trtpipe_openai_model_requests_total Requests sent to Triton, by model (base or LoRA "
+                  "adapter).",
+                  "# TYPE trtpipe_openai_model_requests_total counter"]
+        lines += [f'trtpipe_openai_model_requests_total{{model="{_label(m)}"}} {n}'
+                  for m, n in sorted(self.by_model.items())]
         return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value, escaped as the text format asks (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 _EVENTS = object()
@@ -129,18 +140,22 @@ class Serving:
         return PlainTextResponse(self.metrics.text(), media_type="text/plain; version=0.0.4")
 
     def models(self) -> dict:
-        return {"object": "list", "data": [self._model_card()]}
+        """Every served id: the base model, then each LoRA adapter (vLLM's list)."""
+        return {"object": "list", "data": [self._model_card(m) for m in self.cfg.served]}
 
     def model(self, model_id: str) -> Union[dict, JSONResponse]:
-        """The served model's card; 404 ``model_not_found`` for another id."""
-        if model_id != self.cfg.model:
-            return self.error("/v1/models", APIError(404, f"model {model_id!r} not found: this server serves "
-                                                          f"{self.cfg.model!r}", param="model",
-                                                     code="model_not_found"))
-        return self._model_card()
+        """A served model's card (the base or an adapter); 404 ``model_not_found`` for another id."""
+        if model_id not in self.cfg.served:
+            return self.error("/v1/models", model_not_found(self.cfg, model_id))
+        return self._model_card(model_id)
 
-    def _model_card(self) -> dict:
-        return {"id": self.cfg.model, "object": "model", "created": self.created, "owned_by": "trtpipe"}
+    def _model_card(self, model_id: str) -> dict:
+        """vLLM's model card: an adapter's ``root`` is its folder and ``parent`` the base model's id; the base
+        model's root is its own id, its parent null."""
+        adapter = model_id in self.cfg.adapters
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "trtpipe",
+                "root": self.cfg.adapter_paths.get(model_id, model_id) if adapter else model_id,
+                "parent": self.cfg.model if adapter else None}
 
     async def answer(self, request, chat: bool):
         """Answer one ``/v1/chat/completions`` (``chat``) or ``/v1/completions`` request (a Starlette ``Request``):
@@ -213,6 +228,7 @@ class Serving:
         answered, failed, or given up by its client (the generator closed). Yields the answer first (an error
         response, the whole answer, or ``_EVENTS``), then, when streaming, the events (bytes)."""
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.metrics.by_model[body.model] = self.metrics.by_model.get(body.model, 0) + 1
         t0 = time.perf_counter()
         stream = self.triton.generate(prompt, asked.max_tokens, [], asked.extra,  # stop strings: matched here
                                       **({"logprobs": asked.outputs} if asked.logprobs is not None else {}))
@@ -232,7 +248,7 @@ class Serving:
             if not body.stream:
                 yield await self._whole(request, endpoint, body, asked, chat, rid, deltas, stopped, prompt)
                 return
-            sse = Events(rid, self.cfg.model, chat, bool((body.stream_options or {}).get("include_usage")))
+            sse = Events(rid, body.model, chat, bool((body.stream_options or {}).get("include_usage")))
             yield _EVENTS
             async with contextlib.aclosing(self._events(endpoint, body.n, asked, sse, deltas, stream,
                                                         stopped, prompt)) as events:
@@ -275,7 +291,7 @@ class Serving:
             choices = [{"index": i, "text": lead + texts[i], "logprobs": logprobs[i], "finish_reason": reasons[i]}
                        for i in range(body.n)]
         return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                "model": self.cfg.model, "choices": choices, "usage": _usage(asked.n_prompt, sum(counts))}
+                "model": body.model, "choices": choices, "usage": _usage(asked.n_prompt, sum(counts))}
 
     def _choice_logprobs(self, asked: Prepared, chat: bool, prompt_arrays: Optional[dict], lp: TokenLogprobs,
                          generated_offset: int) -> Optional[dict]:

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 
 from plugins.errors import PipelineError
 from pipeline.loadtest.config import LoadTestConfig
-from pipeline.loadtest.metrics import admission_refusals, summarize
+from pipeline.loadtest.metrics import admission_refusals, by_model, summarize
 from pipeline.loadtest.runner import CONNECTION_KINDS, ProcPlan, run_procs
 from pipeline.loadtest.schedule import arrival_offsets
 from pipeline.loadtest.server_metrics import Sampler
@@ -39,6 +39,9 @@ def check_tensors(inputs: list[str], outputs: list[str], cfg: LoadTestConfig) ->
     if cfg.fixed_output == "min_tokens" and "min_tokens" not in inputs:
         p.append(f"--fixed-output min_tokens: model '{cfg.model}' has no min_tokens input yet; "
                  "use --ignore-eos (end_id set to an id that is never generated)")
+    if any(cfg.lora_task_ids.get(m) for m in cfg.models) and "lora_task_id" not in inputs:
+        p.append(f"--models: model '{cfg.model}' has no lora_task_id input, so it cannot serve the LoRA adapters "
+                 f"{[m for m in cfg.models if cfg.lora_task_ids.get(m)]}: rebuild the repository with this trtpipe")
     if cfg.fixed_output == "ignore_eos" and "end_id" not in inputs:
         p.append(f"--ignore-eos: model '{cfg.model}' has no end_id input")
     if cfg.response_format is not None and not cfg.check_only and "guided_decoding_guide_type" not in inputs:
@@ -108,11 +111,16 @@ def check_openai(cfg: LoadTestConfig) -> dict:
         cfg.model = ids[0]
     if cfg.model not in ids:
         raise LoadTestError(f"model '{cfg.model}' is not served at {cfg.url} (it serves {ids}): pass --model")
+    missing = [m for m in cfg.models if m not in ids]
+    if missing:
+        raise LoadTestError(f"--models {', '.join(missing)}: not served at {cfg.url} (it serves {ids})")
     return {"name": cfg.model, "models": ids, "inputs": [], "outputs": []}
 
 
 def _inputs(cfg: LoadTestConfig, meta: dict, vocab_size: int | None, constraint=None) -> dict:
     inputs: dict = {"collect_text": True} if constraint is not None else {}
+    if cfg.endpoint == "triton" and cfg.models:
+        inputs["lora_task_ids"] = {m: cfg.lora_task_ids[m] for m in cfg.models}
     if cfg.endpoint != "triton":  # the output-length fix (as ignore_eos) and the constraint cross the OpenAI API
         if cfg.fixed_output == "ignore_eos":
             inputs["end_id"] = 0
@@ -147,6 +155,8 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict,
                        offset=k * (n + cfg.warmup), shared_prefixes=cfg.shared_prefixes,
                        shared_prefix_len=cfg.shared_prefix_len)
     warm, reqs = wl.requests[:cfg.warmup], wl.requests[cfg.warmup:]
+    if cfg.models:  # round-robin over the models, warm-up and measured requests alike
+        warm, reqs = assign_models(warm, cfg.models), assign_models(reqs, cfg.models)
     offsets = (arrival_offsets(point["rate"], n, burstiness=cfg.burstiness, seed=seed)
                if point["mode"] == "open" else [0.0] * n)
     items = [(i, float(o), r) for i, (o, r) in enumerate(zip(offsets, reqs))]
@@ -165,6 +175,8 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict,
     summary = summarize(records, cfg.slo, open_loop=point["mode"] == "open")
     if constraint is not None:
         summary["structured"] = check_answers(records, constraint, sent=not cfg.check_only)
+    if cfg.models:
+        summary["by_model"] = by_model(records, cfg.slo, open_loop=point["mode"] == "open")
     t0 = min((r.scheduled for r in records if not r.warmup), default=0.0)
     for res in results:  # server unix-ns timings -> seconds from t0 on this client's clock
         for r in res.records:
@@ -176,6 +188,13 @@ def run_point(cfg: LoadTestConfig, point: dict, k: int, tokenizer, inputs: dict,
             "validity": validity(cfg, point, summary, client), "client": client,
             "server_metrics": sampler.report(t0), "t0_mono": t0,
             "requests": [r.as_dict(t0) for r in records]}
+
+
+def assign_models(reqs: list, models: list[str]) -> list:
+    """``reqs`` (workload RequestSpecs) with request i asking for ``models[i % len(models)]``."""
+    import dataclasses
+
+    return [dataclasses.replace(r, model=models[i % len(models)]) for i, r in enumerate(reqs)]
 
 
 def check_answers(records, constraint, sent: bool = True) -> dict:

@@ -37,6 +37,11 @@ def add_loadtest_parser(sub, add_build_args) -> None:
     g.add_argument("--model-repo", type=Path, default=None, help="start a server on this repository instead")
     g.add_argument("--model", default="ensemble", help="model name (default ensemble; OpenAI endpoints: the "
                    "server's model)")
+    g.add_argument("--models", default=None, metavar="A,B,...",
+                   help="spread the requests round-robin over these models: the base model by its build name, LoRA "
+                        "adapters by their names in the build file's lora.adapters; the report gives each model's "
+                        "figures beside the totals (triton: each adapter's lora_task_id, from the build's plan.json; "
+                        "OpenAI endpoints: sent as `model`)")
     g.add_argument("--endpoint", choices=("triton", "openai-chat", "openai-completions"), default="triton",
                    help="what to load: Triton's ensemble over gRPC (default), or an OpenAI-compatible server's "
                         f"/v1/chat/completions or /v1/completions (--url: its base URL, e.g. http://host:{default_port('openai_port')}/v1)")
@@ -140,7 +145,7 @@ def _config(args, url: str, metrics_url: str | None, tokenizer: Path | None):
         slo_attainment=args.slo_attainment, max_schedule_lag_s=args.max_schedule_lag_ms / 1e3,
         ceiling_rps=load_ceiling(args.ceiling) if args.ceiling else None,
         response_format=args.response_format, tools=args.tools, tool_choice=args.tool_choice,
-        check_only=args.check_only)
+        check_only=args.check_only, models=models_arg(args.models))
 
 
 def cmd_run(args) -> int:
@@ -204,6 +209,8 @@ def cmd_run(args) -> int:
                 url = openai_url[0]
         tokenizer = args.tokenizer or (Path(repo).parent / "engine" if repo is not None else _build_engine(args))
         cfg = _config(args, url, metrics_url, tokenizer)
+        if cfg.models and cfg.endpoint == "triton":
+            cfg.lora_task_ids = lora_task_ids(args, Path(repo).parent if repo is not None else None)
         manifest_path = Path(repo).parent / "manifest.json" if repo is not None else None
         manifest = json.loads(manifest_path.read_text()) if manifest_path and manifest_path.is_file() else None
         report = run_loadtest(cfg, manifest=manifest)
@@ -220,6 +227,24 @@ def cmd_run(args) -> int:
               "asked load; --allow-invalid exits 0 anyway", file=sys.stderr)
         return EXIT_INVALID
     return 0
+
+
+def models_arg(text: str | None) -> list[str]:
+    """``--models a,b,base`` -> the names (blanks dropped); [] when not given."""
+    return [m.strip() for m in (text or "").split(",") if m.strip()]
+
+
+def lora_task_ids(args, folder: Path | None = None) -> dict[str, int]:
+    """Model name -> the lora_task_id the Triton endpoint sends for it: the build's name -> 0 (the base model, sent
+    without one), each adapter of its plan.json ``lora.adapters`` -> its task id. ``folder``: the build folder
+    (default: the build file's, as ``trtpipe build`` writes it)."""
+    from builders.layout import build_dir, resolve_build, variant
+    from model_repo.deploy import served_adapters
+
+    runtime = getattr(args, "runtime", None)
+    build = resolve_build(args.build, args.target, args.quant, runtime)
+    folder = folder or build_dir(build, args.out, variant(args.quant, runtime, args.build, args.target))
+    return {build.name: 0, **{a["name"]: int(a["task_id"]) for a in served_adapters(build, folder)}}
 
 
 def _build_engine(args) -> Path | None:

@@ -85,6 +85,13 @@ class LoadTestConfig:
     checked against it."""
     tool_choice: str | None = None
     """with ``tools``: ``required``, ``auto`` (OpenAI's default, used when None) or a function's name."""
+    models: list[str] = field(default_factory=list)
+    """Spread the requests round-robin over these models (``--models``: the base model by its build name, LoRA
+    adapters by theirs), and report each one's figures beside the totals; empty: every request to ``model``. OpenAI
+    endpoints send each as ``model``; triton sends each adapter's ``lora_task_id`` (:attr:`lora_task_ids`)."""
+    lora_task_ids: dict = field(default_factory=dict)
+    """triton: model name -> the ``lora_task_id`` it sends (0: the base model, sent without one), from the build's
+    plan.json (pipeline.loadtest.cli); every name of :attr:`models` must be here."""
     check_only: bool = False
     """check answers against ``response_format`` without sending it: the unconstrained baseline of a constrained
     run (same prompts, same client work), to compare with ``trtpipe loadtest compare``."""
@@ -144,6 +151,14 @@ class LoadTestConfig:
                      "need N >= 0 prefixes of >= 1 token")
         if self.shared_prefixes and self.dataset is not None:
             p.append("shared_prefixes with a dataset: the shared-prefix workload is synthetic; drop one")
+        if len(set(self.models)) != len(self.models):
+            p.append(f"models = {self.models}: a model named twice")
+        if self.endpoint == "triton" and self.models:
+            unknown = [m for m in self.models if m not in self.lora_task_ids]
+            if unknown:
+                p.append(f"models: {', '.join(map(repr, unknown))} neither the build's base model nor one of its LoRA "
+                         f"adapters (served: {', '.join(map(repr, self.lora_task_ids)) or 'none known'}): name the "
+                         "base by its build name, adapters as the build file's lora.adapters")
         if self.dataset is not None and not Path(self.dataset).is_file():
             p.append(f"dataset = {self.dataset}: file not found")
         return p + constraint_problems(self.endpoint, self.response_format, self.tools, self.tool_choice,

@@ -48,6 +48,8 @@ class RequestRecord:
     """OpenAI: the finish_reason of the answer's last chunk (``length``: cut by max_tokens)."""
     check: dict | None = None
     """The answer checked against the run's constraint (pipeline.structured.Verdict.as_dict)."""
+    model: str | None = None
+    """The model it asked for (``--models``: the base or a LoRA adapter); None: the run's one model."""
 
     @property
     def ok(self) -> bool:
@@ -231,6 +233,14 @@ def summarize(records: list[RequestRecord], slo: SLO = SLO(), open_loop: bool = 
         }
         s["server_side"].update(server_counters(srv))
     return s
+
+
+def by_model(records: list[RequestRecord], slo: SLO = SLO(), open_loop: bool = False) -> dict:
+    """:func:`summarize` of each model's requests (``--models``: records carry the model they asked for), in the
+    order the models first appear; empty when no record names one. Each model's throughput is its own requests
+    over its own first send to last completion (spread round-robin, every model spans about the whole run)."""
+    names = list(dict.fromkeys(r.model for r in records if r.model))
+    return {m: summarize([r for r in records if r.model == m], slo, open_loop) for m in names}
 
 
 def server_counters(srv: list[dict]) -> dict:

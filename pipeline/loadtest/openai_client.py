@@ -24,7 +24,7 @@ from pipeline.loadtest.workload import RequestSpec
 def openai_body(endpoint: str, model: str, rid: str, spec: RequestSpec, inputs: dict) -> tuple[str, dict]:
     """(path, JSON body) of one request: greedy (temperature 0), ``max_tokens`` from the workload, ``ignore_eos``
     when the run fixes output lengths (the load test's ``end_id`` input), streamed with usage."""
-    body: dict = {"model": model, "max_tokens": int(spec.max_tokens), "temperature": 0, "stream": True,
+    body: dict = {"model": spec.model or model, "max_tokens": int(spec.max_tokens), "temperature": 0, "stream": True,
                   "stream_options": {"include_usage": True}}
     if "end_id" in inputs:
         body["ignore_eos"] = True

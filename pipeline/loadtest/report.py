@@ -12,6 +12,7 @@ from plugins.errors import PipelineError
 CSV_FIELDS = (
     ("point", lambda p: p["point"].get("concurrency", p["point"].get("rate"))),
     ("mode", lambda p: p["point"]["mode"]),
+    ("model", lambda p: p.get("model", "all")),
     ("valid", lambda p: p["validity"]["valid"]),
     ("completed", lambda p: p["summary"]["requests"]["completed"]),
     ("failed", lambda p: p["summary"]["requests"]["failed"]),
@@ -46,12 +47,19 @@ def write_reports(report: dict, out_dir: Path, plots: bool = True) -> dict[str, 
         w = csv.writer(fh)
         w.writerow([name for name, _ in CSV_FIELDS])
         for p in report["points"]:
-            w.writerow([_cell(get, p) for _, get in CSV_FIELDS])
+            for row in model_rows(p):
+                w.writerow([_cell(get, row) for _, get in CSV_FIELDS])
     if plots:
         from pipeline.loadtest.plots import write_plots
 
         paths.update(write_plots(report, out_dir))
     return paths
+
+
+def model_rows(point: dict) -> list[dict]:
+    """A report point as CSV rows: the totals (model ``all``), then, for a run over several models (``--models``),
+    one row per model with its own figures (``summary.by_model``)."""
+    return [point] + [{**point, "model": m, "summary": s} for m, s in point["summary"].get("by_model", {}).items()]
 
 
 def _cell(get, p):
@@ -74,15 +82,17 @@ def load(path: Path) -> dict:
 
 
 def format_summary(report: dict) -> str:
-    """A table of the main figures per point, with validity."""
+    """A table of the main figures per point, with validity (a run over several models: each model's row under its
+    point's, the load followed by the model's name)."""
     checked = any("structured" in p["summary"] for p in report["points"])
     rows = [("load", "req/s", "out tok/s", "steady tok/s", "TTFT p50/p99 ms", "TPOT p50 ms", "ITL p50 ms",
              "E2E p50/p99 s", "goodput", "errors", "valid") + (("answers ok",) if checked else ())]
-    for p in report["points"]:
+    for p in (row for point in report["points"] for row in model_rows(point)):
         s = p["summary"]
         st = s.get("structured")
         answers = (f"{st['valid']}/{st['checked']}",) if st else (("-",) if checked else ())
         load_ = f"c={p['point']['concurrency']}" if p["point"]["mode"] == "closed" else f"r={p['point']['rate']:g}"
+        load_ += f" {p['model']}" if "model" in p else ""
         rows.append((load_, _f(s["request_throughput"]), _f(s["output_token_throughput"], 1),
                      _f(s["steady_state"]["output_token_throughput"], 1),
                      f"{_f(_ms(s['ttft_s']['p50']), 1)}/{_f(_ms(s['ttft_s']['p99']), 1)}"

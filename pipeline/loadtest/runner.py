@@ -89,7 +89,10 @@ def build_request(model: str, rid: str, spec: RequestSpec, inputs: dict):
     import tritonclient.grpc as grpcclient
 
     extra = {k: v for k, v in inputs.items() if k not in ("end_id", "return_perf_metrics", "openai_fields",
-                                                         "collect_text")}
+                                                         "collect_text", "lora_task_ids")}
+    task = (inputs.get("lora_task_ids") or {}).get(spec.model) if spec.model else None
+    if task:  # a LoRA adapter (--models); the base model is sent without one
+        extra["lora_task_id"] = int(task)
     if "min_tokens" in extra:
         extra["min_tokens"] = int(spec.max_tokens)
     ins = build_inputs(spec.text, spec.max_tokens, stream=True, end_id=inputs.get("end_id"),
@@ -234,8 +237,8 @@ async def _run(plan: ProcPlan, t0: float | None = None, ready=None) -> ProcResul
         c.open()
     protos = [_payload(plan, str(i), spec) for i, _, spec in plan.items]
     # Warm-up: excluded from statistics, run before the clock starts.
-    warm = [RequestRecord(-1 - k, 0.0, warmup=True, requested_tokens=s.max_tokens, input_tokens=s.input_tokens)
-            for k, s in enumerate(plan.warmup)]
+    warm = [RequestRecord(-1 - k, 0.0, warmup=True, requested_tokens=s.max_tokens, input_tokens=s.input_tokens,
+                          model=s.model or None) for k, s in enumerate(plan.warmup)]
     wprotos = [_payload(plan, f"w{k}", s) for k, s in enumerate(plan.warmup)]
     for start in range(0, len(warm), max(plan.concurrency, 1)):
         batch = range(start, min(start + max(plan.concurrency, 1), len(warm)))
@@ -248,8 +251,8 @@ async def _run(plan: ProcPlan, t0: float | None = None, ready=None) -> ProcResul
     t0 = t0 if t0 is not None else time.monotonic()
     cpu0, wall0 = time.process_time(), time.monotonic()
     deadline = t0 + plan.duration_s
-    records = [RequestRecord(i, t0 + off, input_tokens=s.input_tokens, requested_tokens=s.max_tokens)
-               for i, off, s in plan.items]
+    records = [RequestRecord(i, t0 + off, input_tokens=s.input_tokens, requested_tokens=s.max_tokens,
+                             model=s.model or None) for i, off, s in plan.items]
     tasks: list[asyncio.Task] = []
     sent = 0
     if plan.mode == "open":

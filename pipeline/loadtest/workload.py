@@ -34,6 +34,9 @@ class RequestSpec:
     shared_prefix: str = ""
     """Text every request of its group starts with (the shared-prefix workload): the chat endpoint sends it as the
     system message, the others put it before ``prompt``. ``input_tokens`` counts both."""
+    model: str = ""
+    """The model it asks for (``--models``: the base model by its build name, or a LoRA adapter); "" : the run's
+    own (LoadTestConfig.model)."""
 
     @property
     def text(self) -> str:
