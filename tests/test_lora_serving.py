@@ -3,93 +3,44 @@
 asked through the official ``openai`` client, Triton's gRPC stream and the load tester. No mocks.
 
 The adapters are made with PEFT's own API (``init_lora_weights=False``: random A and B, so each changes the model's
-answers), with different target modules and ranks; the build is ``quant_algo: none`` (no calibration) to stay short.
+answers), with different target modules and ranks, by the session fixtures of tests/conftest.py (lora_build,
+lora_server), which tests/test_lora_e2e.py shares.
 """
 
 from __future__ import annotations
 
 import argparse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-BUILD = "lora-e2e"
-ADAPTERS = {"sql": (("q_proj", "v_proj"), 8, 64, 11), "poet": (("o_proj", "gate_proj", "down_proj"), 4, 8, 12)}
-"""name -> (target modules, rank, lora_alpha, seed): attention alone needs a larger scale to change a short answer."""
+BUILD = "smol-lora"
+"""The build of tests/conftest.py lora_build (adapters fr: task id 1, de: task id 2, made there with PEFT's API)."""
 QUESTION = "What is the capital of France?"
 PROMPTS = ["東京と京都について一文で教えてください。", "Écris une phrase sur les crêpes et le café ☕.",
            "Tell me a story about a 🐉 and a 🦄 in one sentence."]
 
 
-def make_adapter(base: Path, out: Path, modules: tuple[str, ...], rank: int, alpha: float, seed: int) -> Path:
-    """One PEFT LoRA adapter of ``base`` saved in ``out`` (adapter_config.json, adapter_model.safetensors)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(modules),
-                                                  init_lora_weights=False, lora_dropout=0.0))
-    peft_model.save_pretrained(str(out))
-    return out
-
-
 @pytest.fixture(scope="module")
-def lora_build(tmp_path_factory):
-    """(the resolved build, its folder), built by the pipeline."""
-    from builders.layout import build_dir
-    from builders.model_fetch import resolve_source
-    from builders.spec import load_spec
-    from pipeline.build import run_build
-
-    root = tmp_path_factory.mktemp("lora")
-    base = resolve_source("embedded:smollm2-135m-instruct")
-    paths = {name: make_adapter(base, root / "adapters" / name, *spec) for name, spec in ADAPTERS.items()}
-    spec = root / f"{BUILD}.yaml"
-    spec.write_text(f"""name: {BUILD}
-model: {{source: "embedded:smollm2-135m-instruct"}}
-runtime: pytorch
-quantization: {{quant_algo: none}}
-limits: {{max_batch_size: 4, max_input_len: 256, max_seq_len: 512, max_num_tokens: 512}}
-gates: {{eval_samples: 2, eval_seq_len: 32}}
-lora:
-  adapters:
-""" + "".join(f"    {name}: {path}\n" for name, path in paths.items()) + "targets: {cpu: {}}\n")
-    build = load_spec(spec, "cpu")
-    run_build(build, out_root=root / "build", progress=False)
-    return build, build_dir(build, root / "build"), paths
-
-
-@pytest.fixture(scope="module")
-def served(lora_build, tmp_path_factory):
-    """tritonserver on the build's repository and the OpenAI frontend as ``trtpipe serve`` launches it (its
-    adapters from the build's plan.json)."""
-    from model_repo.generate import default_sys_path
+def served(lora_build, lora_server, tmp_path_factory):
+    """The LoRA build's tritonserver (tests/conftest.py lora_server) and the OpenAI frontend as ``trtpipe serve``
+    launches it (its adapters from the build's plan.json)."""
     from pipeline.launch_config import frontend_launch
-    from pipeline.serve import OpenAIFrontend, ServerConfig, TritonServer, free_ports
+    from pipeline.serve import OpenAIFrontend, free_ports
 
     build, folder, _ = lora_build
-    http, grpc, metrics, openai_port = free_ports(4)
-    logs = tmp_path_factory.mktemp("lora-logs")
-    cfg = ServerConfig(model_repository=folder / "model_repo", http_port=http, grpc_port=grpc, metrics_port=metrics,
-                       log_file=logs / "tritonserver.log", ready_timeout_s=300, python_path=default_sys_path())
-    server = TritonServer(cfg).start()
+    (openai_port,) = free_ports(1)
+    launch = frontend_launch(build, lora_server.cfg, openai_port, folder / "engine")
+    assert launch.adapters == {"fr": 1, "de": 2}
+    launch.log_file = tmp_path_factory.mktemp("lora-logs") / "openai_frontend.log"
+    launch.triton_pid = lora_server.proc.pid
+    frontend = OpenAIFrontend(launch).start()
     try:
-        launch = frontend_launch(build, cfg, openai_port, folder / "engine")
-        assert launch.adapters == {"sql": 1, "poet": 2}
-        launch.log_file = logs / "openai_frontend.log"
-        launch.triton_pid = server.proc.pid
-        frontend = OpenAIFrontend(launch).start()
-        try:
-            yield server, frontend
-        finally:
-            frontend.stop(10)
+        yield lora_server, frontend
     finally:
-        server.stop()
+        frontend.stop(10)
 
 
 @pytest.fixture
@@ -107,10 +58,10 @@ def _chat(client, model: str, content: str = QUESTION, **kw):
 def test_v1_models_lists_the_base_and_each_adapter_with_its_parent(client, lora_build):
     _, _, paths = lora_build
     models = client.models.list().data
-    assert [m.id for m in models] == [BUILD, "sql", "poet"]
+    assert [m.id for m in models] == [BUILD, "fr", "de"]
     cards = {m.id: m.model_dump() for m in models}
     assert cards[BUILD]["parent"] is None and cards[BUILD]["root"] == BUILD
-    for name in ("sql", "poet"):
+    for name in ("fr", "de"):
         assert cards[name]["parent"] == BUILD and cards[name]["root"] == str(paths[name])
         assert client.models.retrieve(name).model_dump() == cards[name]
 
@@ -122,25 +73,25 @@ def test_each_adapter_gives_its_own_greedy_answer_and_the_answer_names_it(client
 
     _, folder, _ = lora_build
     answers = {}
-    for model in (BUILD, "sql", "poet"):
+    for model in (BUILD, "fr", "de"):
         r = _chat(client, model)
         assert r.model == model and r.usage.completion_tokens > 0
         answers[model] = r.choices[0].message.content
     assert len(set(answers.values())) == 3, answers
     assert _chat(client, BUILD).choices[0].message.content == answers[BUILD]
-    by_request = _chat(client, BUILD, extra_body={"lora_request": {"lora_name": "poet", "lora_int_id": 2}})
-    assert by_request.choices[0].message.content == answers["poet"] and by_request.model == BUILD
+    by_request = _chat(client, BUILD, extra_body={"lora_request": {"lora_name": "de", "lora_int_id": 2}})
+    assert by_request.choices[0].message.content == answers["de"] and by_request.model == BUILD
     prompt = format_chat(folder / "engine", QUESTION)
-    for model, task in (("sql", 1), ("poet", 2)):
+    for model, task in (("fr", 1), ("de", 2)):
         direct = stream_generate(served[0].cfg.grpc_url, prompt, 16, extra={"lora_task_id": task}, timeout_s=120)
         assert "".join(c.text for c in direct) == answers[model]
-    completion = client.completions.create(model="sql", prompt="The capital of France is", max_tokens=8,
+    completion = client.completions.create(model="fr", prompt="The capital of France is", max_tokens=8,
                                            temperature=0)
     base = client.completions.create(model=BUILD, prompt="The capital of France is", max_tokens=8, temperature=0)
-    assert completion.model == "sql" and completion.choices[0].text != base.choices[0].text
+    assert completion.model == "fr" and completion.choices[0].text != base.choices[0].text
 
 
-@pytest.mark.parametrize("model", [BUILD, "sql", "poet"])
+@pytest.mark.parametrize("model", [BUILD, "fr", "de"])
 def test_non_ascii_prompts_streamed_and_not_keep_every_character(client, model):
     for content in PROMPTS:
         whole = _chat(client, model, content, max_tokens=24)
@@ -164,18 +115,18 @@ def test_an_unknown_model_or_adapter_is_a_404_and_a_new_lora_path_a_400(client, 
         _chat(client, "gpt-4o")
     body = err.value.body
     assert body["code"] == "model_not_found" and body["param"] == "model"
-    assert f"'{BUILD}', 'sql', 'poet'" in body["message"]
+    assert f"'{BUILD}', 'fr', 'de'" in body["message"]
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
     with pytest.raises(openai.NotFoundError):
         _chat(client, BUILD, extra_body={"lora_request": {"lora_name": "nope"}})
     with pytest.raises(openai.BadRequestError) as err:
-        _chat(client, BUILD, extra_body={"lora_request": {"lora_name": "sql", "lora_int_id": 1,
+        _chat(client, BUILD, extra_body={"lora_request": {"lora_name": "fr", "lora_int_id": 1,
                                                           "lora_path": "/somewhere/else"}})
     assert "fixed at build time" in err.value.body["message"]
-    assert _chat(client, "sql").choices[0].message.content  # still serving
+    assert _chat(client, "fr").choices[0].message.content  # still serving
     text = urllib.request.urlopen(served[1].launch.url + "/metrics", timeout=10).read().decode()
-    assert 'trtpipe_openai_model_requests_total{model="sql"}' in text
+    assert 'trtpipe_openai_model_requests_total{model="fr"}' in text
 
 
 def test_an_unknown_task_id_is_an_error_from_the_model(served, lora_build):
@@ -193,7 +144,7 @@ def test_the_load_tester_spreads_requests_over_the_models_and_reports_each(serve
 
     build, folder, _ = lora_build
     server, frontend = served
-    models = ["sql", "poet", BUILD]
+    models = ["fr", "de", BUILD]
     args = argparse.Namespace(build=build.spec_path, target="cpu", quant=None, runtime=None, out=None)
     cfg = LoadTestConfig(url=server.cfg.grpc_url if endpoint == "triton" else frontend.launch.url + "/v1",
                          endpoint=endpoint, model="ensemble", models=models, concurrency=[2], num_requests=6,
