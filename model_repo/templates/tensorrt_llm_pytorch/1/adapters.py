@@ -2,12 +2,18 @@
 # (no merge), and one forward pass serves a batch that mixes them and the base model.
 #
 # Each adapted projection (an nn.Linear named in an adapter's tensors) is replaced by `LoraLinear`, which runs the
-# base layer and then, for each adapter present in the batch, adds the low-rank update of that adapter's tokens
-# only: y[rows] += (x[rows] @ A^T) @ (scaling * B)^T, with rows the packed-batch positions of its sequences (the
-# gathered per-row products of S-LoRA / Punica, in plain torch). Which tokens belong to which adapter is set once per
-# batch, at prepare time, by `Lora.batch_hook` (wrapping transformers' ContinuousBatchingIOs.prepare_batch_tensors:
-# the packed batch is each scheduled request's query tokens in order, transformers 5.24 input_outputs.py), and read
-# by every LoraLinear of the forward that follows (batching is synchronous: sampling.py).
+# base layer and then adds each token's own adapter update. A batch of one adapter adds (x @ A^T) @ (scaling * B)^T;
+# a batch that mixes adapters runs every adapter of the layer at once and keeps each token's own: with A_cat
+# [L * r, in] (the L adapters' A stacked, each padded to the largest rank r with zeros) and B_cat [out, L * r],
+# y += ((x @ A_cat^T) viewed [tokens, L, r] * mask [tokens, L, 1]) @ B_cat^T, where mask is one-hot on the token's
+# adapter (all zero for the base). Three tensor ops per layer whatever the mix, no gather or scatter (per-adapter
+# gathers cost four ops per adapter per layer: +111% TPOT with two adapters on 2 CPU cores, docs/benchmarks/lora.md);
+# the price is L x r columns computed for every token. Which tokens belong to which adapter is set once per batch,
+# at prepare time, by `Lora.batch_hook` (wrapping transformers' ContinuousBatchingIOs.prepare_batch_tensors: the
+# packed batch is each scheduled request's query tokens in order, transformers 5.24 input_outputs.py), and read by
+# every LoraLinear of the forward that follows (batching is synchronous: sampling.py). For a few rows (decode) the
+# low-rank products run on one CPU thread: waking OpenMP's threads costs more than such a product (measured: 30 us
+# single-threaded against 200 us on two threads for 4 rows of a 576-wide layer).
 #
 # The adapters come from the engine folder's lora/adapters.json ([{name, task_id, path, rank, scaling}]; path
 # relative to the engine folder) and each PEFT folder's adapter_model.safetensors (lora_A [r, in], lora_B [out, r],
@@ -38,48 +44,76 @@ def read_table(engine_dir):
         return json.load(fh)
 
 
+SMALL_ROWS = 64
+"""At most this many rows: the low-rank products run on one CPU thread (see the top of this file)."""
+
+
 class LoraLinear(torch.nn.Module):
-    """A linear layer plus the low-rank updates of the adapters that adapt it, applied per packed-batch row."""
+    """A linear layer plus the low-rank updates of the adapters that adapt it, each applied to its own tokens."""
 
     def __init__(self, base, state):
         super().__init__()
         self.base = base
-        self.state = state  # the shared Lora: which rows belong to which adapter in the current batch
+        self.state = state  # the shared Lora: the current batch's adapter of every token
         self.a = {}  # adapter index -> A [r, in]
         self.b = {}  # adapter index -> scaling * B [out, r]
+        self.a_cat = self.b_cat = None  # every adapter at once (finish())
+
+    def finish(self, count, rank):
+        """Stack the ``count`` adapters (indices 1..count; absent ones zero) padded to ``rank``: A_cat [count * rank,
+        in], B_cat [out, count * rank]."""
+        w = self.base.weight
+        a_cat = torch.zeros(count * rank, w.shape[1], dtype=w.dtype, device=w.device)
+        b_cat = torch.zeros(w.shape[0], count * rank, dtype=w.dtype, device=w.device)
+        for index, a in self.a.items():
+            lo = (index - 1) * rank
+            a_cat[lo:lo + a.shape[0]] = a
+            b_cat[:, lo:lo + a.shape[0]] = self.b[index]
+        self.a_cat, self.b_cat = a_cat, b_cat
 
     def forward(self, x):
         y = self.base(x)
-        groups = self.state.groups
-        if not groups:
-            return y
+        state = self.state
+        if state.single is None and state.mask is None:
+            return y  # the base model only
         flat_x = x.reshape(-1, x.shape[-1])
         flat_y = y.reshape(-1, y.shape[-1])
-        for index, rows in groups:
-            a = self.a.get(index)
-            if a is None:
-                continue  # this adapter leaves this layer as it is
-            if rows is None:  # the whole batch is this adapter's
-                flat_y += (flat_x @ a.t()) @ self.b[index].t()
+        rows = flat_x.shape[0]
+        few = rows <= SMALL_ROWS and state.threads > 1
+        if few:
+            torch.set_num_threads(1)
+        try:
+            if state.single is not None:
+                a = self.a.get(state.single)
+                if a is not None:
+                    flat_y.addmm_(flat_x @ a.t(), self.b[state.single].t())
             else:
-                flat_y.index_add_(0, rows, (flat_x.index_select(0, rows) @ a.t()) @ self.b[index].t())
+                xa = (flat_x @ self.a_cat.t()).view(rows, state.count, state.rank) * state.mask_of(rows)
+                flat_y.addmm_(xa.view(rows, -1), self.b_cat.t())
+        finally:
+            if few:
+                torch.set_num_threads(state.threads)
         return flat_y.view_as(y)
 
 
 class Lora:
-    """The adapters of one model and the current batch's row groups.
+    """The adapters of one model and the current batch's adapter of every token.
 
-    ``task_ids``: lora_task_id -> adapter index (1..n); ``groups``: [(adapter index, row indices or None for every
-    row)] of the batch about to run (empty: base model only)."""
+    ``task_ids``: lora_task_id -> adapter index (1..n); for the batch about to run, ``single``: the one adapter
+    index of every token, or ``mask``: [tokens, n, 1] one-hot of each token's adapter (zero for the base); both None:
+    the base model only."""
 
     def __init__(self, model, engine_dir, table, device, dtype):
         from safetensors.torch import load_file
 
-        self.groups = []
+        self.single = self.mask = None
         self.task_ids = {}
         self.names = {}
-        self._local = threading.local()
         self.modules = {}
+        self.count = len(table)
+        self.rank = max(int(entry["rank"]) for entry in table)
+        self.threads = torch.get_num_threads()
+        self.device, self.dtype = device, dtype
         for index, entry in enumerate(table, start=1):
             self.task_ids[int(entry["task_id"])] = index
             self.names[int(entry["task_id"])] = entry["name"]
@@ -94,6 +128,8 @@ class Lora:
                 layer.a[index] = value.to(device=device, dtype=dtype).contiguous()
                 layer.b[index] = (tensors[stem + _SUFFIXES[1]].float() * scaling).to(device=device,
                                                                                        dtype=dtype).contiguous()
+        for layer in self.modules.values():
+            layer.finish(self.count, self.rank)
 
     def _wrap(self, model, name):
         layer = self.modules.get(name)
@@ -113,36 +149,44 @@ class Lora:
         return 0 if task_id == 0 else self.task_ids[task_id]
 
     def set_rows(self, per_request):
-        """Set the batch's groups from ``per_request``: [(adapter index, query tokens)] in packed order."""
-        groups, start, spans = {}, 0, []
-        for index, n in per_request:
-            if index:
-                groups.setdefault(index, []).append((start, start + n))
-            start += n
-        out = []
-        for index, ranges in groups.items():
-            if len(ranges) == len(per_request) and not any(i == 0 for i, _ in per_request):
-                out.append((index, None))  # one adapter for the whole batch: no gather
-                continue
-            rows = torch.cat([torch.arange(a, b) for a, b in ranges])
-            device = next(iter(self.modules.values())).base.weight.device
-            out.append((index, rows.to(device)))
-        self.groups = out
+        """Set the batch's adapters from ``per_request``: [(adapter index, query tokens)] in packed order."""
+        used = {index for index, _ in per_request}
+        self.single = self.mask = None
+        if used == {0}:
+            return
+        if len(used) == 1:
+            self.single = used.pop()
+            return
+        index = torch.tensor([i for i, n in per_request for _ in range(n)], dtype=torch.long)
+        onehot = torch.zeros(len(index), self.count + 1, dtype=self.dtype)
+        onehot[torch.arange(len(index)), index] = 1
+        self.mask = onehot[:, 1:].unsqueeze(-1).to(self.device)
+
+    def mask_of(self, rows):
+        """The batch's mask for ``rows`` rows (padding rows, past the batch's tokens, get no adapter)."""
+        if self.mask.shape[0] < rows:
+            pad = torch.zeros(rows - self.mask.shape[0], self.count, 1, dtype=self.mask.dtype, device=self.device)
+            self.mask = torch.cat([self.mask, pad])
+        return self.mask[:rows]
+
+    def clear(self):
+        """No adapter until the next batch sets them."""
+        self.single = self.mask = None
 
     @contextlib.contextmanager
     def only(self, task_id):
         """Run the body (one forward pass outside the batch: a prompt's log probabilities) with every row on
-        ``task_id``'s adapter; the batch's groups are restored after."""
-        saved, index = self.groups, self.index(task_id)
-        self.groups = [(index, None)] if index else []
+        ``task_id``'s adapter; the batch's adapters are restored after."""
+        saved, index = (self.single, self.mask), self.index(task_id)
+        self.single, self.mask = (index or None), None
         try:
             yield
         finally:
-            self.groups = saved
+            self.single, self.mask = saved
 
     def batch_hook(self, io, adapter_of):
         """Wrap ``io.prepare_batch_tensors`` (transformers' ContinuousBatchingIOs) so that each batch it prepares sets
-        the groups first; ``adapter_of(state)`` gives a request state's adapter index."""
+        the adapters first; ``adapter_of(state)`` gives a request state's adapter index."""
         prepare = io.prepare_batch_tensors
 
         def prepare_with_lora(requests_in_batch, *args, **kwargs):
@@ -178,7 +222,7 @@ def install(manager, engine_dir, table, adapter_of):
         try:
             step()
         finally:
-            lora.groups = []  # a forward outside the batches (a prompt's log probs) runs on the base unless told
+            lora.clear()  # a forward outside the batches (a prompt's log probs) runs on the base unless told
 
     manager._generation_step = step_then_clear
     return lora
