@@ -109,19 +109,21 @@ def tiny_llama(tmp_path_factory) -> Path:
     return out
 
 
-def make_peft_adapter(base_dir: Path, out: Path, *, r: int, modules: list[str], seed: int, alpha: int | None = None,
-                      rslora: bool = False, scale: float = 1.0) -> Path:
-    """A PEFT LoRA adapter of the model in ``base_dir``, made by peft's own API with random non-zero weights
-    (``init_lora_weights=False``: B is not zero; ``scale`` multiplies every LoRA weight) and saved by PEFT's
-    save_pretrained (adapter_config.json, adapter_model.safetensors)."""
+def make_peft_adapter(base, out: Path, *, r: int, modules, seed: int = 0, alpha: float | None = None,
+                      rslora: bool = False, scale: float = 1.0, **config) -> Path:
+    """A PEFT LoRA adapter of ``base`` (a model folder, or a transformers model), made by peft's own API with random
+    non-zero weights (``init_lora_weights=False``: B is not zero; ``scale`` multiplies every LoRA weight; ``config``:
+    more peft.LoraConfig fields) and saved by PEFT's save_pretrained (adapter_config.json,
+    adapter_model.safetensors)."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    model = base if isinstance(base, torch.nn.Module) else AutoModelForCausalLM.from_pretrained(str(base),
+                                                                                               dtype=torch.float32)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha or 2 * r, target_modules=modules,
-                                                  init_lora_weights=False, use_rslora=rslora))
+    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha or 2 * r, target_modules=list(modules),
+                                                  init_lora_weights=False, use_rslora=rslora, **config))
     if scale != 1.0:
         with torch.no_grad():
             for name, p in peft_model.named_parameters():

@@ -18,22 +18,13 @@ from builders.lora import adapters_digest, read_adapters
 from builders.preflight import make_plan
 from builders.spec import load_spec
 from plugins.targets import get_target
-from tests.conftest import write_spec
+from tests.conftest import make_peft_adapter, write_spec
 from tests.families import save_tiny
 
 
 def make_adapter(base: Path, out: Path, r: int, modules: list[str], seed: int = 0) -> Path:
-    """A PEFT LoRA adapter of the tiny model at ``base`` saved to ``out`` (adapter_config.json +
-    adapter_model.safetensors), with random (not zero) B so it changes the model."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(str(base))
-    peft = get_peft_model(model, LoraConfig(r=r, lora_alpha=2 * r, target_modules=modules, init_lora_weights=False))
-    peft.save_pretrained(str(out))
-    return out
+    """tests/conftest.py make_peft_adapter with lora_alpha 2r."""
+    return make_peft_adapter(base, out, r=r, modules=modules, seed=seed)
 
 
 @pytest.fixture(scope="module")

@@ -17,16 +17,11 @@ from builders.preflight import make_plan
 from builders.spec import load_spec
 from plugins.errors import SpecError
 from plugins.targets import get_target
-from tests.conftest import tiny_llama_model, write_spec
+from tests.conftest import make_peft_adapter, tiny_llama_model, write_spec
 
 
 def _adapter(model, out: Path, **cfg) -> Path:
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    torch.manual_seed(1)
-    get_peft_model(model, LoraConfig(init_lora_weights=False, **cfg)).save_pretrained(str(out))
-    return out
+    return make_peft_adapter(model, out, seed=1, **cfg)
 
 
 @pytest.fixture(scope="module")
@@ -37,13 +32,13 @@ def adapters(tiny_llama, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("lora-rules")
     base = lambda: AutoModelForCausalLM.from_pretrained(str(tiny_llama))  # noqa: E731
     return {
-        "good": _adapter(base(), root / "good", r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
-        "wide": _adapter(base(), root / "wide", r=16, lora_alpha=16,
-                         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
-        "dora": _adapter(base(), root / "dora", r=4, target_modules=["q_proj"], use_dora=True),
-        "embed": _adapter(base(), root / "embed", r=4, target_modules=["q_proj", "embed_tokens"]),
+        "good": _adapter(base(), root / "good", r=4, alpha=8, modules=["q_proj", "v_proj"]),
+        "wide": _adapter(base(), root / "wide", r=16, alpha=16,
+                         modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+        "dora": _adapter(base(), root / "dora", r=4, modules=["q_proj"], use_dora=True),
+        "embed": _adapter(base(), root / "embed", r=4, modules=["q_proj", "embed_tokens"]),
         "other": _adapter(tiny_llama_model(hidden=32, intermediate=64), root / "other", r=4,
-                          target_modules=["q_proj", "v_proj"]),
+                          modules=["q_proj", "v_proj"]),
     }
 
 

@@ -23,7 +23,7 @@ from builders.engine_trtllm import run_trtllm_build, trtllm_build_argv
 from builders.preflight import make_plan
 from builders.spec import load_spec
 from plugins.targets import get_target
-from tests.conftest import DOUBLE, tiny_llama_model, write_spec
+from tests.conftest import DOUBLE, make_peft_adapter, tiny_llama_model, write_spec
 
 FACTS = Path(__file__).resolve().parents[1] / "facts" / "trtllm_1_2_1"
 LORA = json.loads((FACTS / "lora.json").read_text())
@@ -34,15 +34,7 @@ BACKEND = json.loads((FACTS / "backend_parameters.json").read_text())["parameter
 def make_adapter(out: Path, *, targets=("q_proj", "v_proj", "down_proj"), r=4, alpha=8, rslora=False,
                  seed=1) -> Path:
     """A real PEFT adapter (non-zero B) of the tiny Llama the ``tiny_llama`` fixture has (2 layers, hidden 64)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-
-    model = tiny_llama_model()
-    torch.manual_seed(seed)
-    peft_model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets),
-                                                  use_rslora=rslora, init_lora_weights=False))
-    peft_model.save_pretrained(str(out))
-    return out
+    return make_peft_adapter(tiny_llama_model(), out, r=r, modules=targets, seed=seed, alpha=alpha, rslora=rslora)
 
 
 @pytest.fixture(scope="module")
