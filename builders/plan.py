@@ -560,17 +560,21 @@ def lora_plan(build: ResolvedBuild, shape: ModelShape, adapters: list, dtype_byt
         return None
     lo = build.settings.lora
     modules = sorted({m for a in adapters for m in a.target_modules})
-    # The runtime holds q, k and v together when any is adapted (TensorRT-LLM's get_missing_qkv_modules, on the
-    # engine and the LLM-API paths), and sizes its cache over every module it holds.
-    held = sorted(set(modules) | ({"q_proj", "k_proj", "v_proj"} if {"q_proj", "k_proj", "v_proj"} & set(modules)
-                                 else set()))
-    rank = max_rank(lo, adapters)
-    slot = slot_bytes(shape, tuple(held), rank, dtype_bytes, tp)
+    # TensorRT-LLM holds q, k and v together when any is adapted (its get_missing_qkv_modules, on the engine and the
+    # LLM-API paths), and sizes its cache over every module it holds.
+    qkv = {"q_proj", "k_proj", "v_proj"}
+    completed = sorted(set(modules) | (qkv if qkv & set(modules) else set()))
+    trtllm = bool(build.runtime.tensorrt_llm)
+    if trtllm:
+        slot = slot_bytes(shape, tuple(completed), max_rank(lo, adapters), dtype_bytes, tp)
+    else:  # the portable runtime stacks every adapter per adapted layer, padded to the largest adapter rank
+        slot = slot_bytes(shape, tuple(modules), max(a.rank for a in adapters), dtype_bytes, tp)
     return LoraPlan(adapters=[LoraAdapterPlan(**a.summary(), bytes_per_rank=adapter_bytes(a, dtype_bytes, tp))
                               for a in adapters],
-                    max_lora_rank=rank, max_loras=lo.max_loras, max_cpu_loras=lo.max_cpu_loras,
-                    target_modules=modules, trtllm_modules=[HF_TO_TRTLLM[m] for m in held], slot_bytes=slot,
-                    gpu_cache_bytes=slot * lo.max_loras, host_cache_bytes=slot * lo.max_cpu_loras)
+                    max_lora_rank=max_rank(lo, adapters), max_loras=lo.max_loras, max_cpu_loras=lo.max_cpu_loras,
+                    target_modules=modules, trtllm_modules=[HF_TO_TRTLLM[m] for m in completed], slot_bytes=slot,
+                    gpu_cache_bytes=slot * (lo.max_loras if trtllm else len(adapters)),
+                    host_cache_bytes=slot * lo.max_cpu_loras if trtllm else 0)
 
 
 def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128,

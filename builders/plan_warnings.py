@@ -357,3 +357,18 @@ def _engine_path_1_2_only(f: PlanFacts) -> Optional[str]:
                 f"{'.'.join(map(str, mine.last_minor))}.x only; runtime {later.name} builds this model for "
                 f"{later.tensorrt_llm.first_text} and every later release")
     return None
+
+
+@_warning("lora_slots")
+def _lora_slots(f: PlanFacts) -> Optional[str]:
+    lora = f.plan.lora
+    if lora is None or not f.build.runtime.tensorrt_llm:  # the portable runtime holds every adapter
+        return None
+    n, out = len(lora.adapters), []
+    if n > lora.max_loras:
+        out.append(f"one batch runs at most lora.max_loras = {lora.max_loras} of the {n} adapters; requests for "
+                   f"the others wait for a GPU slot (each slot {human_bytes(lora.slot_bytes)})")
+    if n > lora.max_cpu_loras:
+        out.append(f"the host cache holds lora.max_cpu_loras = {lora.max_cpu_loras} of the {n} adapters, so not "
+                   "every adapter stays loaded")
+    return ("lora: " + "; ".join(out) + f" (raise them to {n})") if out else None

@@ -95,7 +95,7 @@ def test_refused_combinations(adapters, tiny_llama, tmp_path):
 
 def test_good_adapters_plan_their_bytes(adapters, tiny_llama, tmp_path):
     """The plan's bytes per adapter are r x (in + out) x 4 bytes (float32 on CPU) over the tensors the file holds,
-    and the LoRA cache comes before the KV pool in the memory total."""
+    and the LoRA cache is what the portable runtime holds: every adapter stacked per layer."""
     from safetensors import safe_open
 
     spec = _spec(tmp_path, tiny_llama, _adapters_block(g=adapters["good"], w=adapters["wide"]))
@@ -106,7 +106,9 @@ def test_good_adapters_plan_their_bytes(adapters, tiny_llama, tmp_path):
             stored = sum(f.get_tensor(k).numel() for k in f.keys()) * 4
         assert entry.bytes_per_rank == stored
     assert [a.task_id for a in plan.lora.adapters] == [1, 2] and plan.lora.max_lora_rank == 16
-    assert plan.memory.lora_cache_bytes == plan.lora.gpu_cache_bytes == 4 * plan.lora.slot_bytes
+    # the portable runtime holds both adapters, stacked per layer at the largest rank (16) on the modules any adapts
+    assert plan.memory.lora_cache_bytes == plan.lora.gpu_cache_bytes == 2 * plan.lora.slot_bytes
+    assert plan.lora.host_cache_bytes == 0
     read, _ = read_adapters({"w": str(adapters["wide"])})
     assert adapter_bytes(read[0], 2, tp=2) < adapter_bytes(read[0], 2)  # sharded like the base
 

@@ -58,6 +58,8 @@ MADE = {  # case: (config asset, target, settings, model fields)
     "trust-remote-code-no-code-cpu": ("smollm2-135m", "cpu", {"runtime": "pytorch"}, {"trust_remote_code": True}),
     "trust-remote-code-phi3-cpu": ("phi-3-mini", "cpu", {"runtime": "pytorch"}, {"trust_remote_code": True}),
     "remote-code-not-run-phi3-h100": ("phi-3-mini", "h100", {"runtime": "trtllm"}, {}),
+    "lora-slots-llama3-h100": ("llama-3-8b", "h100", {"runtime": "trtllm", "lora": {
+        "adapters": {f"a{i}": f"/adapters/a{i}" for i in range(6)}, "max_loras": 4, "max_cpu_loras": 5}}, {}),
 }
 
 
@@ -82,11 +84,25 @@ def _cases() -> dict[str, tuple[ResolvedBuild, dict]]:
     return {**_shipped(), **_made()}
 
 
+def _adapters(build: ResolvedBuild, cfg: dict) -> list:
+    """Rank-16 q/v adapters of every layer for the names of ``lora.adapters`` (as builders.lora reads them; their
+    folders need not exist: the warnings read the plan only)."""
+    from builders.lora import Adapter, expected_shape
+    from builders.model_shape import ModelShape
+
+    shape = ModelShape.from_hf_config(cfg)
+    layers = range(shape.num_hidden_layers)
+    return [Adapter(name=name, path=Path(path), task_id=i, rank=16, alpha=32.0, use_rslora=False,
+                    target_modules=("q_proj", "v_proj"), layers=tuple(layers),
+                    shapes={(layer, m): expected_shape(shape, m) for layer in layers for m in ("q_proj", "v_proj")})
+            for i, (name, path) in enumerate(build.settings.lora.adapters.items(), start=1)]
+
+
 def _plan(build: ResolvedBuild, cfg: dict):
     from builders.plan import draft_config
 
-    return compute_plan(build, get_target(build.target), cfg, isl=1024, osl=256, **dict(zip(
-        ("draft", "draft_source"), draft_config(build))))
+    return compute_plan(build, get_target(build.target), cfg, isl=1024, osl=256, adapters=_adapters(build, cfg),
+                        **dict(zip(("draft", "draft_source"), draft_config(build))))
 
 
 def warnings_by_case() -> dict[str, list[str]]:

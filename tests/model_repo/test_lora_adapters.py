@@ -137,3 +137,19 @@ def test_only_puts_a_forward_on_one_adapter(runner):
 
 
 
+
+
+def test_the_stacks_hold_what_the_plan_counts(runner, lora_engine):
+    """The plan's LoRA bytes for the portable runtime (builders.plan.lora_plan: one slot per adapter, of the
+    largest rank, on the adapted modules) are the bytes the runtime's stacks hold."""
+    import json
+
+    from builders.lora import slot_bytes
+    from builders.model_shape import ModelShape
+
+    _, lora, _ = runner
+    engine, _ = lora_engine
+    shape = ModelShape.from_hf_config(json.loads((engine / "config.json").read_text()))
+    held = sum((m.a_cat.numel() + m.b_cat.numel()) * m.a_cat.element_size() for m in lora.modules.values())
+    modules = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    assert held == lora.count * slot_bytes(shape, modules, lora.rank, 4)

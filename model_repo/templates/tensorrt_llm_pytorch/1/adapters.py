@@ -65,10 +65,11 @@ class LoraLinear(torch.nn.Module):
         w = self.base.weight
         a_cat = torch.zeros(count * rank, w.shape[1], dtype=w.dtype, device=w.device)
         b_cat = torch.zeros(w.shape[0], count * rank, dtype=w.dtype, device=w.device)
-        for index, a in self.a.items():
-            lo = (index - 1) * rank
-            a_cat[lo:lo + a.shape[0]] = a
-            b_cat[:, lo:lo + a.shape[0]] = self.b[index]
+        for index, a in list(self.a.items()):
+            lo, hi = (index - 1) * rank, (index - 1) * rank + a.shape[0]
+            a_cat[lo:hi] = a
+            b_cat[:, lo:hi] = self.b[index]
+            self.a[index], self.b[index] = a_cat[lo:hi], b_cat[:, lo:hi]  # views: each adapter is held once
         self.a_cat, self.b_cat = a_cat, b_cat
 
     def forward(self, x):
