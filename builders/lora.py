@@ -133,6 +133,10 @@ def read_adapter(name: str, path: str | Path, task_id: int, field: str) -> tuple
     biases, ``modules_to_save``, per-module ranks, Conv1D layout) is a problem naming ``field``."""
     folder = Path(path)
     cfg_path, weights = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    if not folder.exists() or folder.is_file():
+        return None, [_problem(field, str(path), "no such folder" if not folder.exists() else "a file, not a folder",
+                               "point it at the folder PEFT's save_pretrained wrote (it holds adapter_config.json "
+                               "and adapter_model.safetensors)", "lora_adapter_missing")]
     if not cfg_path.is_file():
         return None, [_problem(field, str(path), f"no {CONFIG_FILE} in that folder (a PEFT LoRA adapter folder has "
                                f"{CONFIG_FILE} and {WEIGHTS_FILE})", "point it at the folder PEFT's "

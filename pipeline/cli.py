@@ -458,8 +458,8 @@ def _already_serving(args, state: Path, wanted: dict) -> bool:
         raise ServerError(f"a {program} of this build already runs (pid {status['pid']}, {where}, log "
                           f"{status.get('log')}), not as asked: " + "; ".join(differs) + f". Stop it first "
                           f"(`{stop}`), then run this serve again; nothing was started")
-    print(f"already serving: {program} (pid {status['pid']}, {where}, log {status.get('log')}): `make stop` (or "
-          f"`{stop}`) first to restart it")
+    print(f"already serving: {program} (pid {status['pid']}, {where}, log {status.get('log')}): `{stop}` first to "
+          "restart it")
     return True
 
 
@@ -551,7 +551,9 @@ def _detach_or_wait(args, server, state: Path, frontend=None) -> int:
     """Return now (``--detach``), or wait until SIGTERM/SIGINT or the server's exit, then stop it (and the
     frontend beside it)."""
     if args.detach:
-        print("stop it with `make stop` (or `trtpipe stop`)")
+        stop = _same_build(args, "stop")
+        print(f"stop it with `{stop}`" + (" (or `make stop`)" if stop == _same_build(argparse.Namespace(), "stop")
+                                          else ""))
         return 0
     stopping = {"flag": False}
 
@@ -580,7 +582,8 @@ def cmd_stop(args) -> int:
     state = _folder(args, build) / "server.json"
     result = stop_from_state(state)
     if result is None:
-        print(f"no running server recorded in {state} (a server started with another output root is stopped with "
+        print(f"no running server recorded in {state} (a server of another build file is stopped with `trtpipe stop "
+              "BUILD.yaml [--target T]`, `make stop BUILD=BUILD.yaml`; one started with another output root with "
               "--out DIR, or from the folder it was started in)")
     elif result.get("crashed"):
         print(f"the recorded {result.get('server')} had already exited (crashed or killed; see its log); removed "
@@ -698,7 +701,8 @@ def _query_task_id(build, folder: Path, model: str | None) -> int:
     adapters = {a["name"]: int(a["task_id"]) for a in served_adapters(build, folder)}
     if model not in adapters:
         raise PipelineError(f"--model {model}: neither the base model ({build.name}) nor one of its LoRA adapters "
-                            f"({', '.join(adapters) or 'the build file has no lora.adapters'})")
+                            f"({', '.join(adapters) or 'the build file has no lora.adapters'}) of {build.spec_path}: "
+                            "name a served one, or the build file that lists it (`--build FILE`; make: BUILD=FILE)")
     return adapters[model]
 
 

@@ -162,7 +162,8 @@ class SLO:
 def steady_window(records: list[RequestRecord], frac: float = 0.1) -> tuple[float, float]:
     """[completion of the first ``frac`` of requests, send of the last ``frac``]: ramp-up and drain excluded.
 
-    Falls back to the middle 80% of the run when that interval is empty.
+    Falls back to the middle 80% of the run when that interval is shorter than a fifth of the run (empty, or a sliver
+    between a few requests: a handful of tokens over microseconds is no throughput).
     """
     sends = sorted(r.sent for r in records if not math.isnan(r.sent))
     dones = sorted(r.done for r in records if r.ok)
@@ -170,8 +171,8 @@ def steady_window(records: list[RequestRecord], frac: float = 0.1) -> tuple[floa
         return (math.nan, math.nan)
     k = int(len(sends) * frac)
     start, end = dones[min(k, len(dones) - 1)], sends[max(len(sends) - 1 - k, 0)]
-    if end - start <= 0:
-        t0, t1 = sends[0], max(dones[-1], sends[-1])
+    t0, t1 = sends[0], max(dones[-1], sends[-1])
+    if end - start < 0.2 * (t1 - t0):  # empty or a sliver (a few requests): tokens / sliver would be noise
         start, end = t0 + 0.1 * (t1 - t0), t1 - 0.1 * (t1 - t0)
     return (start, end)
 
