@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import queue
-import uuid
 
 import numpy as np
 import pytest
+
+from tests.bad_input import Server, send
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -24,39 +24,13 @@ PROMPTS = ("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_sta
            "<|im_start|>user\nÉcris une phrase sur la mer.<|im_end|>\n<|im_start|>assistant\n")
 
 
-def _inputs(named: dict):
-    import tritonclient.grpc as grpcclient
-
-    out = []
-    for name, (arr, dtype) in named.items():
-        t = grpcclient.InferInput(name, list(arr.shape), dtype)
-        t.set_data_from_numpy(arr)
-        out.append(t)
-    return out
-
-
 def _stream(server, model: str, named: dict, output: str) -> list:
-    """Every response's ``output`` (flattened) of one streamed request, or raise its error."""
-    import tritonclient.grpc as grpcclient
-
-    got: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.cfg.grpc_url)
-    client.start_stream(callback=lambda result, error: got.put((result, error)))
-    client.async_stream_infer(model, _inputs(named), request_id=uuid.uuid4().hex, enable_empty_final_response=True)
-    parts = []
-    try:
-        while True:
-            result, error = got.get(timeout=300)
-            if error is not None:
-                raise RuntimeError(str(error))
-            out = result.as_numpy(output)
-            if out is not None and out.size:
-                parts += out.reshape(-1).tolist()
-            if result.get_response().parameters["triton_final_response"].bool_param:
-                return parts
-    finally:
-        client.stop_stream()
-        client.close()
+    """Every response's ``output`` (flattened) of one streamed request (tests/bad_input.py send), or raise its error."""
+    reply = send(Server(server.cfg.grpc_url, server.cfg.http_url), model, named, "stream", timeout_s=300)
+    if reply.error is not None or reply.hung:
+        raise RuntimeError(reply.error or "no final response")
+    return [x for out in reply.outputs if out.get(output) is not None and out[output].size
+            for x in out[output].reshape(-1).tolist()]
 
 
 def _generate(server, ids: list[int], task_id: int | None) -> list[int]:
