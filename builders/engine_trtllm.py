@@ -265,8 +265,9 @@ def build_trtllm_engine(*, ckpt_dir: Path, hf_dir: Path, out_dir: Path, limits: 
     lora_facts = None
     if lora is not None:
         from builders import lora_trtllm as lt
+        from builders.lora import adapters_of
 
-        lora_facts = lt.write_prefetch_dir(lt.adapters_of(lora), lt.prefetch_dir_of(out_dir), dtype)
+        lora_facts = lt.write_prefetch_dir(adapters_of(lora), lt.prefetch_dir_of(out_dir), dtype)
     return {"argv": argv, "lora_prefetch": lora_facts, "build_s": round(took, 3), "gpus": gpus, "gpu_name": gpus[0] if gpus else None,
             "tensorrt_llm_version": toolchain.versions.get("tensorrt-llm"),
             "tensorrt_version": toolchain.versions.get("tensorrt"), "engine_version": cfg.get("version"),

@@ -362,6 +362,26 @@ TABLE = "adapters.json"
 target_modules, layers, parameters}]`` in task-id order (path relative to the engine folder)."""
 
 
+def adapters_of(lora) -> list[Adapter]:
+    """Read again the adapters of a plan (builders.plan.LoraPlan; None: none) for a stage that serves them, with the
+    plan's task ids (config and header only: the plan checked them).
+
+    Raises:
+        StageError: an adapter cannot be read any more (changed on disk since the plan read it).
+    """
+    from plugins.errors import StageError
+
+    if lora is None:
+        return []
+    out = []
+    for a in lora.adapters:
+        adapter, problems = read_adapter(a.name, a.path, a.task_id, f"lora.adapters.{a.name}")
+        if adapter is None:
+            raise StageError("LoRA adapter cannot be read: " + "; ".join(p.render() for p in problems))
+        out.append(adapter)
+    return out
+
+
 def adapters_digest(adapters: list[Adapter]) -> str:
     """SHA-256 over each adapter's name, task id and the bytes of its two files: a stage that serves adapters keys on
     it, so an adapter retrained in place reruns that stage."""

@@ -188,20 +188,3 @@ def prefetch_dir_of(engine_dir: Path) -> Path:
     """Where the prefetch folder of the engine in ``engine_dir`` lives: ``<engine_dir>/lora``."""
     return Path(engine_dir) / "lora"
 
-
-def adapters_of(lora) -> list[Adapter]:
-    """Re-read the plan's adapters (builders.plan.LoraPlan.adapters) for conversion, with their task ids.
-
-    Raises:
-        LoraConversionError: an adapter cannot be read any more, or reads with another task id.
-    """
-    from builders.lora import read_adapter
-
-    out = []
-    for a in lora.adapters:
-        adapter, problems = read_adapter(a.name, a.path, a.task_id, f"lora.adapters.{a.name}")
-        if adapter is None:
-            raise LoraConversionError("; ".join(p.render() for p in problems))
-        out.append(adapter)
-    return out
-

@@ -226,8 +226,9 @@ def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir:
     lora_facts = None
     if plan.lora is not None:
         from builders import lora_trtllm as lt
+        from builders.lora import adapters_of
 
-        lora_facts = lt.write_prefetch_dir(lt.adapters_of(plan.lora), tmp / "lora", plan.dtype)
+        lora_facts = lt.write_prefetch_dir(adapters_of(plan.lora), tmp / "lora", plan.dtype)
     i = argv.index("--workers")
     argv[i + 1] = WORKERS_VAR
     serve = leader_mode_argv(world_size, f"{BUNDLE_VAR}/model_repo", http_port="${HTTP_PORT}", grpc_port="${GRPC_PORT}",

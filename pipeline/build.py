@@ -246,14 +246,11 @@ def pytorch_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
 
 
 def _adapters(ctx: BuildContext) -> list:
-    """The build's LoRA adapters (builders.lora.Adapter; [] without lora.adapters), read again from their folders
-    (config and header only: the plan checked them)."""
-    from builders.lora import read_adapters
+    """The build's LoRA adapters (builders.lora.Adapter; [] without lora.adapters), read again as the plan names
+    them (builders.lora.adapters_of)."""
+    from builders.lora import adapters_of
 
-    adapters, problems = read_adapters(ctx.build.settings.lora.adapters, ctx.build.where("lora.adapters"))
-    if problems:  # preflight read them already: changed since, or unreadable now
-        raise StageError("LoRA adapters cannot be read: " + "; ".join(p.render() for p in problems))
-    return adapters
+    return adapters_of(ctx.plan.lora)
 
 
 def _adapters_key(adapters: list) -> dict:
@@ -293,11 +290,7 @@ def trtllm_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     # the GPU architecture. Not the worker count, log level, progress display or output paths.
     engine_inputs = dict(checkpoint=ckpt.key, spec=build.key_fields("engine"),
                          plugins=[p.cli() for p in plugins if not p.implicit], sm=target.sm)
-    if plan.lora is not None:  # the engine folder (or bundle) holds the converted adapters: key on their content
-        from builders.lora import adapters_digest
-        from builders.lora_trtllm import adapters_of
-
-        engine_inputs["lora"] = adapters_digest(adapters_of(plan.lora))
+    engine_inputs.update(_adapters_key(_adapters(ctx)))  # the engine (or bundle) holds the converted adapters
     if ctx.toolchain is None:
         from model_repo.bundle import write_bundle
 

@@ -49,8 +49,8 @@ def test_engine_folder_holds_the_adapters_and_their_table(tmp_path, tiny_with_ad
 
     _, base, a, b = tiny_with_adapters
     build = _build(tmp_path, base, {"sql": a, "chat-v2": b})
-    ctx = types.SimpleNamespace(build=build, plan=types.SimpleNamespace(limits=build.settings.limits),
-                                out=tmp_path / "out", hf_dir=base, force=False)
+    plan = make_plan(build, get_target("h100"), json.loads((base / "config.json").read_text()))
+    ctx = types.SimpleNamespace(build=build, plan=plan, out=tmp_path / "out", hf_dir=base, force=False)
     ckpt = StageResult("checkpoint", base, "ckptkey", False)
     engine = llmapi_engine_stage(ctx, ckpt)
     table = json.loads((engine.path / "lora" / "adapters.json").read_text())
@@ -71,8 +71,8 @@ def test_an_adapter_retrained_in_place_rebuilds_the_engine_folder(tmp_path, tiny
     root, base, a, _ = tiny_with_adapters
     moved = make_adapter(base, tmp_path / "ad", 4, ["q_proj", "v_proj"], seed=1)
     build = _build(tmp_path, base, {"sql": moved})
-    ctx = types.SimpleNamespace(build=build, plan=types.SimpleNamespace(limits=build.settings.limits),
-                                out=tmp_path / "out", hf_dir=base, force=False)
+    plan = make_plan(build, get_target("h100"), json.loads((base / "config.json").read_text()))
+    ctx = types.SimpleNamespace(build=build, plan=plan, out=tmp_path / "out", hf_dir=base, force=False)
     ckpt = StageResult("checkpoint", base, "ckptkey", False)
     first = llmapi_engine_stage(ctx, ckpt)
     digest = adapters_digest(read_adapters({"sql": str(moved)})[0])
