@@ -83,6 +83,8 @@ class CheckpointInfo:
         cfg = json.loads((Path(ckpt_dir) / "config.json").read_text())
         qpath = Path(ckpt_dir) / "hf_quant_config.json"
         q = json.loads(qpath.read_text()).get("quantization", {}) if qpath.is_file() else {}
+        if not q and (cfg.get("quantization_config") or {}).get("quant_method") == "modelopt":
+            q = cfg["quantization_config"]  # ModelOpt writes its recipe into config.json too
         heads = cfg["num_attention_heads"]
         return cls(config=cfg, tp_size=1, pp_size=1, num_layers=cfg["num_hidden_layers"], num_heads=heads,
                    num_kv_heads=cfg.get("num_key_value_heads") or heads,
@@ -341,7 +343,29 @@ def read_checkpoint(ckpt_dir: str | Path, vocab_size: int | None = None
     else a unified HF checkpoint. Returns (float32 state dict under HF names, info)."""
     if (Path(ckpt_dir) / "rank0.safetensors").is_file():
         return to_hf_state_dict(ckpt_dir, vocab_size)
+    from builders.prequant import detect_folder
+
+    pq = detect_folder(ckpt_dir)
+    if pq is not None and pq.method != "modelopt":
+        return prequantized_state_dict(Path(ckpt_dir), pq, vocab_size)
     return hf_unified_state_dict(ckpt_dir, vocab_size)
+
+
+def prequantized_state_dict(ckpt_dir: Path, pq, vocab_size: int | None = None
+                            ) -> tuple[dict[str, torch.Tensor], CheckpointInfo]:
+    """A compressed-tensors FP8, AutoAWQ or AutoGPTQ checkpoint (``pq``: builders.prequant.Prequantized) read back
+    into float32 tensors under HF names (builders.prequant.dequantize_state_dict)."""
+    from builders.prequant import dequantize_state_dict
+
+    info = CheckpointInfo.read_hf(ckpt_dir)
+    info = CheckpointInfo(**{**info.__dict__, "quant_algo": pq.quant_algo, "group_size": pq.group_size or 128,
+                             "format": f"hf_{pq.method}", "kv_cache_quant_algo": pq.kv_cache_quant_algo})
+    sd = dequantize_state_dict(_load_hf_tensors(ckpt_dir), pq)
+    if vocab_size is not None:
+        for key in ("model.embed_tokens.weight", "lm_head.weight"):
+            if key in sd:
+                sd[key] = sd[key][:vocab_size]
+    return sd, info
 
 
 def write_hf_folder(sd: dict[str, torch.Tensor], hf_dir: Path, out_dir: Path, dtype: torch.dtype,

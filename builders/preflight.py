@@ -339,6 +339,14 @@ def _resolver_refusals(build: ResolvedBuild, sm: int) -> list[Problem]:
 def check(build: ResolvedBuild, target: TargetProfile, hf_config: dict | None = None) -> None:
     """Raise SpecError when the spec breaks a rule that needs no model files. With ``hf_config`` (a config.json
     already at hand: nothing is fetched) the model's rules join the same error, so every problem shows at once."""
+    if hf_config is not None:  # a pre-quantized source's own quantization is what the rules judge
+        from builders.prequant import source_quantization
+
+        try:
+            build, _ = source_quantization(build, hf_config)
+        except SpecError:
+            make_plan(build, target, hf_config)  # raises: these problems and every other one together
+            raise
     problems = spec_problems(build, target)
     if problems:
         if hf_config is not None:
@@ -641,7 +649,15 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     Raises:
         SpecError: every problem at once.
     """
-    problems = [] if spec_checked else spec_problems(build, target, _arch_of(hf_config))
+    from builders.prequant import runtime_problems, source_quantization
+
+    try:  # a pre-quantized source: the build takes its quantization (or disagrees with it)
+        build, pq = source_quantization(build, hf_config, hf_dir)
+        problems = []
+    except SpecError as exc:
+        pq, problems = None, list(exc.problems)
+    problems += [] if spec_checked else spec_problems(build, target, _arch_of(hf_config))
+    problems += runtime_problems(build, pq)
     problems += remote_code_problems(build, hf_config)
     problems += architecture_problems(build, hf_config, str(hf_config.get("_name_or_path", "config.json")), target)
     if not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family
@@ -649,7 +665,7 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     if hf_dir is not None and not any(p.code in ("architecture", "remote_code") for p in problems):
         from builders.source_tensors import checkpoint_problems
 
-        problems += checkpoint_problems(hf_dir, trust_remote_code=build.model.trust_remote_code)
+        problems += checkpoint_problems(hf_dir, trust_remote_code=build.model.trust_remote_code, prequantized=pq)
     draft, draft_source = draft_config(build)
     problems += speculative_model_problems(build, hf_config, draft)
     adapters: list = []

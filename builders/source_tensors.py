@@ -153,10 +153,13 @@ def _model_class(config, folder: Path, trust_remote_code: bool):
 
 
 def loading_report(folder: Path, tensors: dict[str, tuple[tuple[int, ...], str, str]], *,
-                   trust_remote_code: bool = False) -> dict:
+                   trust_remote_code: bool = False, unquantized: bool = False) -> dict:
     """transformers' loading report of ``tensors`` (names, shapes, dtypes) into the model of ``folder``'s
     config.json, on the meta device: ``from_pretrained(config=..., state_dict=<empty meta tensors>,
     device_map={"": "meta"}, ignore_mismatched_sizes=True, output_loading_info=True)``.
+
+    ``unquantized``: build the model without the config's ``quantization_config`` (the tensors are a pre-quantized
+    checkpoint's, named and shaped as they are read back dequantized).
 
     Returns:
         ``{"model": class name, "missing_keys": [...], "unexpected_keys": [...],
@@ -171,6 +174,8 @@ def loading_report(folder: Path, tensors: dict[str, tuple[tuple[int, ...], str, 
     from transformers.utils import logging as hf_logging
 
     config = AutoConfig.from_pretrained(str(folder), trust_remote_code=trust_remote_code)
+    if unquantized and hasattr(config, "quantization_config"):  # the model as the dequantized weights load into it
+        del config.quantization_config
     model_class = _model_class(config, folder, trust_remote_code)
     state = {k: torch.empty(shape, dtype=getattr(torch, _DTYPES.get(dt, "uint8")), device="meta")
              for k, (shape, dt, _) in tensors.items()}
@@ -190,8 +195,12 @@ def loading_report(folder: Path, tensors: dict[str, tuple[tuple[int, ...], str, 
 
 
 def checkpoint_problems(folder: Path, *, trust_remote_code: bool = False,
-                        field_name: str = "model.source") -> list[Problem]:
+                        field_name: str = "model.source", prequantized=None) -> list[Problem]:
     """Every way ``folder``'s weight files differ from what its config.json implies, as Problems (empty: whole).
+
+    ``prequantized`` (builders.prequant.Prequantized): the folder holds a pre-quantized checkpoint; its tensors are
+    checked under the names and float shapes they are read back as (builders.prequant.float_headers), against the
+    model without its quantization_config.
 
     Codes: ``checkpoint_files`` (no weight file transformers loads, unreadable index), ``checkpoint_shard_missing``,
     ``checkpoint_shard_unreadable``, ``checkpoint_index`` (the index maps a tensor to a shard that lacks it),
@@ -203,8 +212,14 @@ def checkpoint_problems(folder: Path, *, trust_remote_code: bool = False,
     problems = list(found.problems)
     if not found.files or (not found.tensors and problems):
         return problems
+    tensors = found.tensors
+    if prequantized is not None:
+        from builders.prequant import float_headers
+
+        tensors = float_headers(prequantized, found.tensors)
     try:
-        report = loading_report(folder, found.tensors, trust_remote_code=trust_remote_code)
+        report = loading_report(folder, tensors, trust_remote_code=trust_remote_code,
+                                unquantized=prequantized is not None)
     except Exception as exc:  # noqa: BLE001 - transformers raises many types; the real load reports it again
         log.warning("could not check the tensors of %s against its config.json on the meta device: %s", folder, exc)
         return problems

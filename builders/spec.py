@@ -637,6 +637,8 @@ def load_spec(path: str | Path, target: str, overrides: dict | None = None) -> R
         model = model.model_copy(update={"source": absolute(model.source)})
     if model.hf_config:
         model = model.model_copy(update={"hf_config": absolute(model.hf_config)})
+    if model.reference and not model.reference.startswith("embedded:"):
+        model = model.model_copy(update={"reference": absolute(model.reference)})
     if settings.lora.adapters:  # an adapter is a local folder (relative to the YAML file)
         settings = settings.model_copy(update={"lora": settings.lora.model_copy(update={
             "adapters": {k: absolute(v) for k, v in settings.lora.adapters.items()}})})

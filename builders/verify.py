@@ -88,23 +88,29 @@ def load_checkpoint_model(ckpt_dir: Path, hf_dir: Path, *, trust_remote_code: bo
 
 @torch.no_grad()
 def compare_models(source, candidate, windows: list[list[int]]) -> dict:
-    """Score ``candidate`` against ``source`` on token windows (one forward per window and model)."""
+    """Score ``candidate`` against ``source`` on token windows (one forward per window and model); ``source`` None:
+    the candidate's own perplexity only (``perplexity``, ``positions``, ``nonfinite_logits``)."""
     nll_s = nll_c = kl = 0.0
     agree = positions = nonfinite = 0
     max_err = 0.0
     for ids in windows:
         x = torch.tensor([ids])
-        ls = source(x).logits[0, :-1].float()
         lc = candidate(x).logits[0, :-1].float()
         nonfinite += int((~torch.isfinite(lc)).sum().item())  # inf/NaN weights (an fp16 overflow) end here
         target = x[0, 1:]
-        lps, lpc = ls.log_softmax(-1), lc.log_softmax(-1)
-        nll_s -= lps.gather(-1, target[:, None]).sum().item()
+        lpc = lc.log_softmax(-1)
         nll_c -= lpc.gather(-1, target[:, None]).sum().item()
+        positions += target.numel()
+        if source is None:
+            continue
+        ls = source(x).logits[0, :-1].float()
+        lps = ls.log_softmax(-1)
+        nll_s -= lps.gather(-1, target[:, None]).sum().item()
         kl += (lps.exp() * (lps - lpc)).sum().item()
         agree += (ls.argmax(-1) == lc.argmax(-1)).sum().item()
-        positions += target.numel()
         max_err = max(max_err, (ls - lc).abs().max().item())
+    if source is None:
+        return {"perplexity": math.exp(nll_c / positions), "positions": positions, "nonfinite_logits": nonfinite}
     ppl_s, ppl_c = math.exp(nll_s / positions), math.exp(nll_c / positions)
     mean_kl = kl / positions
     return {"source_perplexity": ppl_s, "perplexity": ppl_c,
@@ -128,7 +134,7 @@ def check_gates(metrics: dict, gates) -> list[dict]:
             "passed": n == 0 and not bad, "nonfinite_metrics": bad}]
     for g in GATES:
         threshold = getattr(gates, g.field)
-        if threshold is None:
+        if threshold is None or g.metric not in metrics:  # no reference: nothing to compare with
             continue
         value = metrics[g.metric]
         ok = math.isfinite(value) and (value >= threshold if g.higher_is_better else value <= threshold)
@@ -168,14 +174,21 @@ def compare_adapters(source, candidate, adapters: list, windows: list[list[int]]
     return out
 
 
+NO_REFERENCE = "no reference: model.source is pre-quantized and model.reference is not set, so its quality is not " \
+               "compared with an unquantized model (only its own perplexity is measured)"
+
+
 def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "pydoc_topics",
                       out_json: Path | None = None, trust_remote_code: bool = False,
-                      adapters: list | None = None) -> dict:
+                      adapters: list | None = None, reference: Path | None | str = "source") -> dict:
     """Measure the checkpoint against its source on held-out text and apply ``gates``.
 
     Args:
-        ckpt_dir: TensorRT-LLM checkpoint or unified HF checkpoint folder.
+        ckpt_dir: TensorRT-LLM checkpoint, unified HF checkpoint, or pre-quantized source folder.
         hf_dir: the source Hugging Face folder (model and tokenizer).
+        reference: the unquantized model scored against (``"source"``: ``hf_dir``; a folder: ``model.reference`` of
+            a pre-quantized source; None: none, so only the checkpoint's own perplexity and finiteness are measured
+            and the report's ``reference`` says so).
         gates: a :class:`builders.spec.QualityGate` (thresholds, ``eval_samples``, ``eval_seq_len``).
         dataset: evaluation corpus (its held-out ``evaluation`` split is used).
         out_json: where to write the report (written before the verdict, so a failure has it too).
@@ -200,13 +213,17 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
     windows = token_windows(tok, "evaluation", gates.eval_samples, gates.eval_seq_len, seed=0, dataset=dataset)
     # whatever the gates: a source loaded with missing keys has random weights, and the checkpoint made from it
     # scores well against it (both carry the same noise only by luck, or not at all): refused, named
-    source = load_source_model(Path(hf_dir), torch.float32, trust_remote_code=trust_remote_code, stage="verify").eval()
+    ref_dir = Path(hf_dir) if reference == "source" else (Path(reference) if reference is not None else None)
+    source = None if ref_dir is None else load_source_model(ref_dir, torch.float32, trust_remote_code=trust_remote_code,
+                                                            stage="verify").eval()
     candidate, info = load_checkpoint_model(Path(ckpt_dir), Path(hf_dir), trust_remote_code=trust_remote_code)
     t_load = time.perf_counter() - t0
     metrics = compare_models(source, candidate, windows)
     checks = check_gates(metrics, gates)
-    scored = compare_adapters(source, candidate, adapters, windows, gates) if adapters else {}
-    report = {"quant_algo": info.quant_algo,
+    scored = compare_adapters(source, candidate, adapters, windows, gates) if adapters and source is not None else {}
+    report = {"reference": str(ref_dir) if ref_dir is not None else None,
+              **({"note": NO_REFERENCE} if ref_dir is None else {}),
+              "quant_algo": info.quant_algo,
               "kv_cache_quant_algo": info.kv_cache_quant_algo, "checkpoint_format": info.format,
               "mapping": {"tp_size": info.tp_size, "pp_size": info.pp_size},
               "evaluation": {"dataset": dataset, "split": "evaluation", "samples": gates.eval_samples,
@@ -232,9 +249,10 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
                              "values, e.g. an fp16 overflow: quantize from bfloat16/float32)"
                              if c["field"] == "finite" else "") for c in failed)
         raise GateError(f"quality gate failed for {info.quant_algo or 'unquantized'} checkpoint {ckpt_dir}: {lines} "
-                        f"(perplexity {metrics['perplexity']:.4g} vs source {metrics['source_perplexity']:.4g}, "
-                        f"top-1 agreement {metrics['top1_agreement']:.4f}, mean KL {metrics['mean_kl']:.4g} nats). "
-                        "Fix: pick a more accurate quant_algo, more calibration data, or relax the gate in the "
+                        + (f"(perplexity {metrics['perplexity']:.4g} vs source {metrics['source_perplexity']:.4g}, "
+                           f"top-1 agreement {metrics['top1_agreement']:.4f}, mean KL {metrics['mean_kl']:.4g} nats). "
+                           if source is not None else f"(perplexity {metrics['perplexity']:.4g}, no reference). ")
+                        + "Fix: pick a more accurate quant_algo, more calibration data, or relax the gate in the "
                         "build YAML", report)
     return report
 
@@ -242,10 +260,14 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
 def format_table(report: dict) -> str:
     """A plain-text table of a verify report (for the CLI)."""
     m = report["metrics"]
-    rows = [("source perplexity", f"{m['source_perplexity']:.4f}"), ("perplexity", f"{m['perplexity']:.4f}"),
-            ("perplexity delta %", f"{m['perplexity_delta_pct']:+.3f}"),
-            ("top-1 agreement", f"{m['top1_agreement']:.4f}"), ("mean KL (nats/token)", f"{m['mean_kl']:.5f}"),
-            ("max logit error", f"{m['max_logit_error']:.4f}"), ("positions", str(m["positions"]))]
+    if "source_perplexity" not in m:  # a pre-quantized source without model.reference
+        rows = [("reference", "none (set model.reference to compare)"), ("perplexity", f"{m['perplexity']:.4f}"),
+                ("positions", str(m["positions"]))]
+    else:
+        rows = [("source perplexity", f"{m['source_perplexity']:.4f}"), ("perplexity", f"{m['perplexity']:.4f}"),
+                ("perplexity delta %", f"{m['perplexity_delta_pct']:+.3f}"),
+                ("top-1 agreement", f"{m['top1_agreement']:.4f}"), ("mean KL (nats/token)", f"{m['mean_kl']:.5f}"),
+                ("max logit error", f"{m['max_logit_error']:.4f}"), ("positions", str(m["positions"]))]
     for c in report["gates"]:
         rows.append((c["field"], f"{c['value']:.5g} vs {c['threshold']:.5g}  {'PASS' if c['passed'] else 'FAIL'}"))
     width = max(len(r[0]) for r in rows)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import platform
 import shutil
 import time
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from builders import model_fetch, preflight
+from builders import model_fetch, preflight, prequant
 from builders.digest import source_digest
 from builders.engine_trtllm import TRTLLM_VERSION, Toolchain
 from builders.layout import build_dir
@@ -35,6 +36,8 @@ from plugins.architectures import architecture
 from plugins.errors import PipelineError, StageError
 from plugins.fsutil import build_lock, cache_root, check_writable, measure, write_failures_reported, write_json
 from plugins.targets import TargetProfile, get_target
+
+log = logging.getLogger(__name__)
 
 SERVED_STAGES = ("model_repo", "bundle")
 """Stages whose output a server runs; the deploy stage follows whichever of them the build produced."""
@@ -93,7 +96,9 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     t_start = time.time()
     target = get_target(build.target)
     # cheap checks first: nothing heavy runs on a bad spec (a local config.json joins them: all problems at once)
-    preflight.check(build, target, model_fetch.local_hf_config(build.model.source))
+    local_config = model_fetch.local_hf_config(build.model.source)
+    preflight.check(build, target, local_config)
+    build, _ = prequant.source_quantization(build, local_config)  # a pre-quantized source: its quantization
     out = build_dir(build, out_root, variant)
     check_writable(out, "the build folder")  # a read-only output root fails now, not after the calibration
     check_writable(cache_root(), "the cache ($TRTPIPE_CACHE)")  # the build lock lives there
@@ -104,8 +109,12 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     # The model's rules too, before waiting for another build of the same folder: a bad model fails now.
     with measure("model") as t_model:
         hf_dir = model_fetch.resolve_source(build.model.source)
+        hf_config = read_hf_config(hf_dir)
+        build, source_quant = prequant.source_quantization(build, hf_config, hf_dir)
+        if source_quant is not None and build.model.reference:  # fetched (and checked) before any stage runs
+            model_fetch.resolve_source(build.model.reference, field="model.reference")
         # with the folder: a checkpoint missing tensors its config.json implies is refused here, not quantized
-        plan = preflight.make_plan(build, target, read_hf_config(hf_dir), spec_checked=True, hf_dir=hf_dir)
+        plan = preflight.make_plan(build, target, hf_config, spec_checked=True, hf_dir=hf_dir)
     # one build at a time per output folder (a second one waits); a full disk is reported with its path and fix
     with write_failures_reported(out, "the build"), build_lock(out):
         versions = library_versions()
@@ -117,7 +126,8 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
         with measure("model") as t_digest:
             plan.write(out / "plan.json")  # beside manifest.json
             digest = source_digest(hf_dir)  # memoised: a no-op rebuild does not re-hash the weights
-        manifest["source_checkpoint"] = {"path": str(hf_dir), "sha256": digest}
+        manifest["source_checkpoint"] = {"path": str(hf_dir), "sha256": digest,
+                                         **({"quantization": source_quant.record()} if source_quant else {})}
         model_timing = t_model.as_dict()
         model_timing["wall_s"] = round(model_timing["wall_s"] + t_digest.wall_s, 3)
         manifest["stages"]["model"] = {"path": str(hf_dir), "timing": model_timing}
@@ -167,6 +177,14 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
     build = ctx.build
     s, fmt = build.settings, ctx.plan.checkpoint_format
     q = s.quantization
+    if ctx.plan.source_quantization is not None:  # already quantized: the source is the checkpoint, as it is
+        key = stage_key(stage="checkpoint", format="source", source=ctx.digest,
+                        quantization=ctx.plan.source_quantization)
+        log.info("%-10s skipped: model.source is already quantized (%s); its files are the checkpoint",
+                 "checkpoint", ctx.plan.source_quantization["quant_algo"])
+        return StageResult("checkpoint", ctx.hf_dir, key, True, {},
+                           {"skipped": "model.source is already quantized", "format": "source",
+                            "source_quantization": ctx.plan.source_quantization})
     decoder_type = build.model.decoder_type or architecture(ctx.plan.model.architecture).decoder_type
     key = stage_key(stage="checkpoint", format=fmt, source=ctx.digest, spec=build.key_fields("checkpoint"),
                     decoder_type=decoder_type,
@@ -209,13 +227,16 @@ def verify_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
 
     s = ctx.build.settings
     adapters = _adapters(ctx)
-    key = stage_key(stage="verify", checkpoint=ckpt.key, spec=ctx.build.key_fields("verify"), **_adapters_key(adapters))
+    reference, ref_key = _reference(ctx)
+    key = stage_key(stage="verify", checkpoint=ckpt.key, spec=ctx.build.key_fields("verify"), **_adapters_key(adapters),
+                    **ref_key)
 
     def produce(tmp: Path) -> dict:
         report = verify_checkpoint(ckpt.path, ctx.hf_dir, s.gates, dataset=s.quantization.calibration.dataset,
                                    out_json=tmp / "verify.json", trust_remote_code=ctx.build.model.trust_remote_code,
-                                   adapters=adapters)
-        return {"metrics": report["metrics"], "gates": report["gates"], "passed": report["passed"],
+                                   adapters=adapters, reference=reference)
+        return {"reference": report["reference"], **({"note": report["note"]} if "note" in report else {}),
+                "metrics": report["metrics"], "gates": report["gates"], "passed": report["passed"],
                 **({"adapters": {k: {"metrics": v["metrics"], "passed": v["passed"]}
                                  for k, v in report["adapters"].items()}} if "adapters" in report else {})}
 
@@ -224,6 +245,18 @@ def verify_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     except StageError:
         shutil.rmtree(ctx.out / "verify", ignore_errors=True)
         raise
+
+
+def _reference(ctx: BuildContext) -> tuple:
+    """What verify scores the checkpoint against, and its part of the verify key: the source itself (``"source"``);
+    for a pre-quantized source, ``model.reference`` fetched (builders.model_fetch.resolve_source) or None."""
+    if ctx.plan.source_quantization is None:
+        return "source", {}
+    ref = ctx.build.model.reference
+    if not ref:
+        return None, {"reference": None}
+    folder = model_fetch.resolve_source(ref, field="model.reference")
+    return folder, {"reference": source_digest(folder)}
 
 
 def pytorch_engine_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:

@@ -127,7 +127,8 @@ def cmd_build(args) -> int:
     print(f"{'stage':<12}{'wall s':>9}{'peak RSS MiB':>14}  status")
     for name, st in manifest["stages"].items():
         tm = st.get("timing", {})
-        status = "cached" if st.get("cached") else ("done" if name != "model" else "ready")
+        status = "skipped" if (st.get("info") or {}).get("skipped") else \
+            "cached" if st.get("cached") else ("done" if name != "model" else "ready")
         print(f"{name:<12}{tm.get('wall_s', 0):>9.1f}{tm.get('peak_rss_mib', 0):>14.0f}  {status}")
     print(f"manifest: {out / 'manifest.json'}")
     if all(st.get("cached") for name, st in manifest["stages"].items() if name != "model"):

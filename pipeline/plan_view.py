@@ -9,6 +9,7 @@ from rich.table import Table
 
 from builders.plan import Plan
 from builders.plan_warnings import human_bytes
+from builders.prequant import Prequantized
 
 
 def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
@@ -29,11 +30,15 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                           f"{plan.model.vocab_size} (padded {plan.vocab_padded}), {plan.memory.params_total / 1e6:.1f}M params"
                           + (f"; {plan.model.num_experts} experts, top-{plan.model.num_experts_per_tok}, "
                              f"{plan.memory.params_active / 1e6:.1f}M active per token" if plan.model.is_moe else ""))
-    head.add_row("checkpoint", f"{plan.checkpoint_format or 'none (refused)'}"
+    sq = plan.source_quantization
+    head.add_row("checkpoint", ("model.source as it is (already quantized: the quantize stage does not run)" if sq
+                                else f"{plan.checkpoint_format or 'none (refused)'}")
                                + (f", moe_tp_size {plan.moe_tp_size} x moe_ep_size {plan.moe_ep_size}"
                                   if plan.model.is_moe else ""))
-    head.add_row("quantization", f"{plan.quant_algo} ({plan.trtllm_quant_algo or 'unquantized'}), KV cache "
-                                 f"{plan.kv_cache_quant_algo or plan.dtype}, dtype {plan.dtype}")
+    head.add_row("quantization", (f"{Prequantized(**{**sq, 'recipes': tuple(sq['recipes'])}).describe()} from "
+                                  f"model.source's {sq['declared_in']}, planned as {plan.quant_algo}" if sq else
+                                  f"{plan.quant_algo} ({plan.trtllm_quant_algo or 'unquantized'})")
+                                 + f", KV cache {plan.kv_cache_quant_algo or plan.dtype}, dtype {plan.dtype}")
     head.add_row("parallelism", f"tp_size {plan.tp_size} x pp_size {plan.pp_size} = world_size {plan.world_size}")
     head.add_row("limits", ", ".join(f"{k} {v}" for k, v in plan.limits.as_dict().items()))
     if plan.admission is not None:
