@@ -357,7 +357,7 @@ def download(repo_id: str, revision: str | None = None, *, progress: bool = True
         if not offline():
             check_disk(repo_id, [f for f in files if f.path in set(selected)], cache_dir())
     if old and old != commit and not (revision and hf.file_download.REGEX_COMMIT_HASH.fullmatch(revision)):
-        log.warning("%s: revision %r now resolves to commit %s (the cache had %s)", repo_id, _rev(revision), commit,
+        log.info("%s: revision %r now resolves to commit %s (the cache had %s)", repo_id, _rev(revision), commit,
                     old)
     bars = hf.utils.are_progress_bars_disabled()
     if not progress:
@@ -369,7 +369,10 @@ def download(repo_id: str, revision: str | None = None, *, progress: bool = True
     finally:
         if not progress and not bars:
             hf.utils.enable_progress_bars()
-    return Path(folder)
+    folder = Path(folder)
+    if files is None and not any(folder.glob("*.safetensors")):  # only config.json cached (by `trtpipe plan`)
+        raise hub_error(hf.errors.LocalEntryNotFoundError(f"{folder} holds no weights"), repo_id, revision)
+    return folder
 
 
 def _read_index(repo_id: str, resolved) -> dict | None:

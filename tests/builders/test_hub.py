@@ -201,6 +201,13 @@ def test_offline_uses_the_cache_and_says_when_it_is_empty(server, tmp_path, monk
     assert resolve_source("org/tiny", progress=False) == folder
     assert local_hf_config("org/tiny")["_name_or_path"] == "org/tiny"
     assert server.requests == []
+    use_hub(monkeypatch, tmp_path / "config-only", server.url)  # what `trtpipe plan` leaves: config.json alone
+    local_hf_config("org/tiny")
+    use_hub(monkeypatch, tmp_path / "config-only", server.url, HF_HUB_OFFLINE="1")
+    server.requests.clear()
+    with pytest.raises(SpecError) as err:
+        resolve_source("org/tiny", progress=False)
+    assert err.value.codes() == ["hub_offline"]
     use_hub(monkeypatch, tmp_path / "empty", server.url, HF_HUB_OFFLINE="1")
     for call in (lambda: resolve_source("org/tiny", progress=False), lambda: local_hf_config("org/tiny")):
         with pytest.raises(SpecError) as err:
