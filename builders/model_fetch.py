@@ -11,6 +11,9 @@ Two kinds of source:
   folder is written to a temporary name and renamed when complete.
 * a path: any local HF checkpoint folder (config.json + safetensors + tokenizer files).
   It is used in place, after a check that the files are there.
+* ``<org>/<name>`` with no folder of that name: a Hugging Face Hub repository, downloaded (what a build reads
+  of it, at ``model.revision``) into huggingface_hub's own cache by builders.hub; the snapshot folder is used in
+  place.
 """
 
 from __future__ import annotations
@@ -197,12 +200,25 @@ def copy_custom_code(src: Path, dst: Path) -> list[str]:
     return names
 
 
-def resolve_source(source: str, field: str = "model.source") -> Path:
-    """Return a local HF checkpoint folder for ``source``, fetching embedded models once (``field``: the spec field
-    named in errors, ``model.source`` or ``model.reference``).
+def resolve_source(source: str, revision: str | None = None, *, progress: bool = True,
+                   field: str = "model.source") -> Path:
+    """Return a local HF checkpoint folder for ``source``, fetching embedded models once and hub repositories
+    (``<org>/<name>`` with no folder of that name: builders.hub.is_hub_source) into huggingface_hub's cache.
+
+    Args:
+        source: ``embedded:<name>``, a folder, or a hub id.
+        revision: a hub source's branch, tag or commit (None: main); ignored for other sources (builders.spec
+            refuses it there).
+        progress: a hub download's progress bar.
+        field: the spec field named in errors (``model.source``, or ``model.reference``).
+
+    Returns:
+        The folder; for a hub id ``<HF_HUB_CACHE>/models--<org>--<name>/snapshots/<commit>``.
 
     Raises:
-        SpecError: unknown embedded name, missing wheel, or an incomplete local folder.
+        SpecError: unknown embedded name, missing wheel, an incomplete local folder, or a hub problem (gated,
+            missing, bad token, offline, unreachable: builders.hub.hub_error).
+        WriteError: not enough disk for a hub download.
     """
     if source.startswith("embedded:"):
         name = source.split(":", 1)[1]
@@ -212,16 +228,31 @@ def resolve_source(source: str, field: str = "model.source") -> Path:
                                      f"use one of {['embedded:' + k for k in EMBEDDED]} or a local folder."
                                      f"{did_you_mean(name, EMBEDDED)}", code="model_unknown")])
         return fetch_embedded(name)
+    from builders import hub
+
+    if hub.is_hub_source(source):
+        path = hub.download(source, revision, progress=progress)
+        check_hf_folder(path, field)
+        return path
     path = Path(source)
     check_hf_folder(path, field)
     return path
 
 
-def local_hf_config(source: str) -> dict | None:
-    """config.json of ``source`` when it can be read without fetching anything (a local folder that has one),
-    else None (an embedded model not converted yet, or a missing folder)."""
+def local_hf_config(source: str, revision: str | None = None) -> dict | None:
+    """config.json of ``source`` when it can be read without fetching the weights: a local folder that has one, or
+    a hub repository's (that one file downloaded: builders.hub.fetch_config, at ``revision``); else None (an
+    embedded model not converted yet, or a missing folder).
+
+    Raises:
+        SpecError / StageError: a hub source that cannot be read (builders.hub.hub_error).
+    """
     if source.startswith("embedded:"):
         return None
+    from builders import hub
+
+    if hub.is_hub_source(source):
+        return hub.fetch_config(source, revision)
     path = Path(source) / "config.json"
     if not path.is_file():
         return None

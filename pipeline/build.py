@@ -37,7 +37,7 @@ from plugins.errors import PipelineError, StageError
 from plugins.fsutil import build_lock, cache_root, check_writable, measure, write_failures_reported, write_json
 from plugins.targets import TargetProfile, get_target
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("trtpipe")
 
 SERVED_STAGES = ("model_repo", "bundle")
 """Stages whose output a server runs; the deploy stage follows whichever of them the build produced."""
@@ -96,7 +96,7 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
     t_start = time.time()
     target = get_target(build.target)
     # cheap checks first: nothing heavy runs on a bad spec (a local config.json joins them: all problems at once)
-    local_config = model_fetch.local_hf_config(build.model.source)
+    local_config = model_fetch.local_hf_config(build.model.source, build.model.revision)
     preflight.check(build, target, local_config)
     build, _ = prequant.source_quantization(build, local_config)  # a pre-quantized source: its quantization
     out = build_dir(build, out_root, variant)
@@ -108,11 +108,11 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
         toolchain = installed_toolchain()
     # The model's rules too, before waiting for another build of the same folder: a bad model fails now.
     with measure("model") as t_model:
-        hf_dir = model_fetch.resolve_source(build.model.source)
+        hf_dir = model_fetch.resolve_source(build.model.source, build.model.revision, progress=progress)
         hf_config = read_hf_config(hf_dir)
         build, source_quant = prequant.source_quantization(build, hf_config, hf_dir)
         if source_quant is not None and build.model.reference:  # fetched (and checked) before any stage runs
-            model_fetch.resolve_source(build.model.reference, field="model.reference")
+            model_fetch.resolve_source(build.model.reference, field="model.reference", progress=progress)
         # with the folder: a checkpoint missing tensors its config.json implies is refused here, not quantized
         plan = preflight.make_plan(build, target, hf_config, spec_checked=True, hf_dir=hf_dir)
     # one build at a time per output folder (a second one waits); a full disk is reported with its path and fix
@@ -127,7 +127,8 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
             plan.write(out / "plan.json")  # beside manifest.json
             digest = source_digest(hf_dir)  # memoised: a no-op rebuild does not re-hash the weights
         manifest["source_checkpoint"] = {"path": str(hf_dir), "sha256": digest,
-                                         **({"quantization": source_quant.record()} if source_quant else {})}
+                                         **({"quantization": source_quant.record()} if source_quant else {}),
+                                         **_hub_record(build, hf_dir, out / "manifest.json")}
         model_timing = t_model.as_dict()
         model_timing["wall_s"] = round(model_timing["wall_s"] + t_digest.wall_s, 3)
         manifest["stages"]["model"] = {"path": str(hf_dir), "timing": model_timing}
@@ -156,6 +157,27 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
         manifest["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         write_json(out / "manifest.json", manifest)
         return manifest
+
+
+def _hub_record(build: ResolvedBuild, hf_dir: Path, previous_manifest: Path) -> dict:
+    """For a Hugging Face Hub source, what the manifest records beside the folder and digest
+    (builders.hub.snapshot_record: repo_id, the revision asked for, the commit it resolved to, each file's hash),
+    plus ``previous_commit`` and a warning when the last build of this folder (``previous_manifest``) used another
+    commit of the same revision; {} for other sources."""
+    from builders import hub
+
+    if not hub.is_hub_source(build.model.source):
+        return {}
+    record = hub.snapshot_record(hf_dir, build.model.revision)
+    try:
+        previous = json.loads(previous_manifest.read_text()).get("source_checkpoint")
+    except (OSError, ValueError, AttributeError):
+        previous = None
+    moved = hub.moved_message(previous, record)
+    if moved:
+        log.warning(moved)
+        record["previous_commit"] = previous["commit"]
+    return record
 
 
 def _progress_factory(enabled: bool):

