@@ -316,3 +316,40 @@ def test_modelopt_exports_as_recorded_are_read_or_refused(recipe, tmp_path):
     assert shapes["model.layers.0.mlp.down_proj.weight"][0] == shapes["model.embed_tokens.weight"][1]
     assert shapes["model.layers.0.self_attn.q_proj.weight"] == (shapes["model.embed_tokens.weight"][1],) * 2
     assert not any(k.endswith(("_scale", "scale_2")) for k in shapes)
+
+
+# ---------------------------------------------------------------------------------------------------- from the hub
+
+def test_a_prequantized_hub_repository_is_planned_from_config_json_and_built_with_a_hub_reference(
+        formats, tiny_llama, tmp_path, monkeypatch):
+    """``trtpipe plan`` on a GPTQ repository of the hub (the double, huggingface_hub's real client) reads config.json
+    alone and plans the checkpoint's quantization; the build downloads it and its hub reference, skips quantizing and
+    verifies against the reference."""
+    from pipeline.build import run_build
+    from pipeline.cli import main
+    from tests.builders.test_hub import use_hub
+    from tests.hub_double import HubDouble, Repo, folder_files
+    from tests.prequant_formats import copy_tokenizer
+    from tests.conftest import smollm2_tokenizer_dir
+
+    model = tiny_llama_model(bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    gptq = write_gptq(model, tmp_path / "gptq", group_size=32, tokenizer_src=smollm2_tokenizer_dir())
+    with HubDouble() as double:
+        double.add(Repo("org/tiny-gptq")).commit(folder_files(gptq))
+        double.add(Repo("org/tiny")).commit(folder_files(tiny_llama))
+        use_hub(monkeypatch, tmp_path / "hf", double.url)
+        monkeypatch.chdir(tmp_path)
+        spec = tmp_path / "b.yaml"
+        spec.write_text("name: hubq\nmodel: {source: org/tiny-gptq, reference: org/tiny}\n"
+                        "limits: {max_batch_size: 2, max_input_len: 64, max_seq_len: 128, max_num_tokens: 256}\n"
+                        "gates: {eval_samples: 2, eval_seq_len: 32}\n"
+                        "targets: {cpu: {runtime: pytorch}}\n")
+        assert main(["plan", str(spec), "--target", "cpu", "--no-predict", "--output", str(tmp_path / "p.json")]) == 0
+        assert double.downloads() == ["config.json"]
+        plan = json.loads((tmp_path / "p.json").read_text())
+        assert plan["source_quantization"]["method"] == "gptq" and plan["source_quantization"]["group_size"] == 32
+        manifest = run_build(load_spec(spec, "cpu"), out_root=tmp_path / "build", progress=False, stop_after="verify")
+    assert manifest["source_checkpoint"]["quantization"]["quant_algo"] == "W4A16_GPTQ"
+    assert manifest["source_checkpoint"]["repo_id"] == "org/tiny-gptq"
+    verify = manifest["stages"]["verify"]["info"]
+    assert "models--org--tiny" in verify["reference"] and verify["metrics"]["top1_agreement"] > 0.5
