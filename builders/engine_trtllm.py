@@ -47,10 +47,13 @@ class Toolchain:
         executable: the command (program and leading arguments, e.g. ``[python, script]``).
         versions: ``{"tensorrt-llm": ..., "tensorrt": ...}``; they enter the engine's cache key and
             the version check.
+        python: the interpreter that imports that TensorRT-LLM (the checkpoint conversion of AutoAWQ/AutoGPTQ
+            sources, builders.prequant_trtllm); None: this one.
     """
 
     executable: tuple[str, ...]
     versions: dict = field(default_factory=dict)
+    python: Optional[str] = None
 
     @property
     def tensorrt_llm(self) -> Optional[str]:

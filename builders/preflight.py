@@ -657,7 +657,7 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     except SpecError as exc:
         pq, problems = None, list(exc.problems)
     problems += [] if spec_checked else spec_problems(build, target, _arch_of(hf_config))
-    problems += runtime_problems(build, pq)
+    problems += runtime_problems(build, pq, hf_config)
     problems += remote_code_problems(build, hf_config)
     problems += architecture_problems(build, hf_config, str(hf_config.get("_name_or_path", "config.json")), target)
     if not any(p.code == "architecture" for p in problems):  # the shape rules assume a known family

@@ -441,12 +441,7 @@ LLMAPI_MODELOPT = ("FP8", "NVFP4", "W4A16_AWQ", "W4A8_AWQ")
 Recorded in tests/facts/trtllm_1_2_1/prequantized.json and tests/facts/trtllm_1_4/prequantized.json."""
 
 
-ENGINE_GPTQ = False
-"""Whether the trtllm runtime converts AutoGPTQ checkpoints (upstream's convert_checkpoint.py in the GPU-host
-bundle)."""
-
-
-def runtime_problems(build, pq: Prequantized | None) -> list[Problem]:
+def runtime_problems(build, pq: Prequantized | None, hf_config: dict | None = None) -> list[Problem]:
     """Where ``build.settings.runtime`` cannot serve the pre-quantized source ``pq`` as upstream reads it, one
     Problem naming the runtime that can (code ``prequant_runtime``); [] where it can or ``pq`` is None.
 
@@ -457,9 +452,10 @@ def runtime_problems(build, pq: Prequantized | None) -> list[Problem]:
       weights and per-token activations (``FP8_PER_CHANNEL_PER_TOKEN``) or 128 x 128 block weights and group-128
       activations (``FP8_BLOCK_SCALES``; 1.4 ``_torch/model_config.py``), never per-tensor; no AutoAWQ or AutoGPTQ
       (``llmapi/llm_utils.py``: ``NotImplementedError("Unsupported quantization_config")``).
-    * Engine path (``trtllm``, 1.2.1): reads TensorRT-LLM checkpoints: not ModelOpt's HF export, compressed-tensors or
-      AutoAWQ. AutoGPTQ converts through upstream's ``convert_checkpoint.py --quant_ckpt_path`` (Llama
-      ``models/llama/convert.py``), which reads no ``g_idx``: ``desc_act`` true gives wrong weights there.
+    * Engine path (``trtllm``, 1.2.1): builds from TensorRT-LLM checkpoints, not from ModelOpt's HF export or
+      compressed-tensors. AutoAWQ and AutoGPTQ (v1 ``gptq`` format, ``desc_act`` false) of the dense Llama and Qwen
+      families convert through upstream's ``from_hugging_face`` (builders.prequant_trtllm); upstream refuses
+      ``desc_act`` true and reads zero points the v1 way only.
     """
     if pq is None or build.settings.runtime == "pytorch":
         return []
@@ -495,12 +491,25 @@ def runtime_problems(build, pq: Prequantized | None) -> list[Problem]:
                           + "; or quantize the unquantized model with quant_algo int4_awq")
         return []
     if build.runtime.builds_trt_engine:
-        if pq.method == "gptq" and not pq.detail.get("desc_act") and ENGINE_GPTQ:
+        if pq.method in ("awq", "gptq"):
+            from builders.prequant_trtllm import ENGINE_CLASSES
+            from plugins.architectures import architecture
+
+            cfg = hf_config or {}
+            arch = architecture((cfg.get("architectures") or [None])[0])
+            decoder = build.model.decoder_type or (arch.decoder_type if arch else None)
+            if pq.detail.get("desc_act"):
+                return refuse("TensorRT-LLM 1.2.1's engine path refuses GPTQ with desc_act true (convert_checkpoint.py"
+                              " update_quant_config_from_hf: not implemented)",
+                              f"{portable}; or use a desc_act false checkpoint")
+            if pq.detail.get("checkpoint_format") == "gptq_v2":
+                return refuse("TensorRT-LLM 1.2.1's engine path reads GPTQ zero points in the v1 gptq format only "
+                              "(llama/convert.py: zero = (8 - 1 - qzeros) * scales)", f"{portable}; or use the gptq (v1) format")
+            if arch is not None and (decoder not in ENGINE_CLASSES or arch.moe is not None):
+                return refuse(f"TensorRT-LLM 1.2.1's engine path converts AutoAWQ/AutoGPTQ folders of the dense Llama "
+                              f"and Qwen families (from_hugging_face with use_autoawq), not {arch.family}",
+                              f"{portable}")
             return []
-        if pq.method == "gptq" and pq.detail.get("desc_act"):
-            return refuse("TensorRT-LLM 1.2.1's engine path converts GPTQ without reading g_idx, so desc_act true "
-                          "(reordered groups) gives wrong weights (models/llama/convert.py)",
-                          f"{portable}; or use a desc_act false checkpoint")
         instead = "runtime: trtllm-llmapi reads it" if not runtime_problems(
             build.model_copy(update={"settings": build.settings.model_copy(update={"runtime": "trtllm-llmapi"})}),
             pq) else portable

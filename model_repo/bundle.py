@@ -3,7 +3,9 @@
 ``build/<name>/<target>/bundle/`` holds everything a GPU host with TensorRT-LLM 1.2.1 needs
 to finish the build and serve it with one command:
 
-* ``checkpoint/``: the quantized TensorRT-LLM checkpoint (hard links when possible);
+* ``checkpoint/``: the quantized TensorRT-LLM checkpoint (hard links when possible); for an AutoAWQ/AutoGPTQ
+  ``model.source``, ``source/`` instead, with ``convert_prequantized.py`` and its spec: the script converts it with
+  TensorRT-LLM's own ``from_hugging_face`` first (builders.prequant_trtllm);
 * ``tokenizer/``: tokenizer files for preprocessing/postprocessing;
 * ``lora/`` (with ``lora.adapters``): each adapter converted for the C++ runtime, ``lora/<task_id>/model.lora_
   {weights,config}.npy`` (builders.lora_trtllm); the script copies it into the engine folder, where the
@@ -28,6 +30,7 @@ from pathlib import Path
 from builders.engine_trtllm import LOG_NAME, TRTLLM_VERSION, trtllm_build_argv
 from builders.model_fetch import copy_tokenizer
 from builders.plan import Plan
+from builders.prequant_trtllm import PROGRAM_NAME, SPEC_NAME
 from builders.spec import LimitsConfig
 from model_repo.generate import plan_repository, write_repository
 from model_repo.launch import TRITON_ADMIN_APIS, TRITON_ADMIN_HEADER, TRITON_ADMIN_KEY_ENV, leader_mode_argv
@@ -57,8 +60,9 @@ def _argv_to_sh(argv: list[str], indent: str = "    ") -> str:
 
 
 def render_script(*, name: str, target: str, planned_dir: Path, world_size: int, build_argv: list[str],
-                  serve: list[str], limits: LimitsConfig, ports: tuple[int, int, int]) -> str:
-    """The text of ``build_and_serve.sh``."""
+                  serve: list[str], limits: LimitsConfig, ports: tuple[int, int, int], convert: bool = False) -> str:
+    """The text of ``build_and_serve.sh``; ``convert``: the bundle carries a pre-quantized ``source/`` that
+    TensorRT-LLM converts into ``checkpoint/`` first (builders.prequant_trtllm)."""
     limits = json.dumps(limits.engine_limits(), sort_keys=True)
     build_cmd = _argv_to_sh(build_argv[1:])
     serve_cmd = _argv_to_sh(serve)
@@ -128,9 +132,29 @@ if bad:
 PYEOF
 }}
 
+convert() {{
+  # An AutoAWQ/AutoGPTQ source: TensorRT-LLM's from_hugging_face writes the checkpoint trtllm-build reads.
+  [ -f "$BUNDLE_DIR/checkpoint/config.json" ] && return 0
+  [ -d "$BUNDLE_DIR/source" ] || die "no checkpoint/ and no source/ in $BUNDLE_DIR: rebuild the bundle"
+  rm -rf "$BUNDLE_DIR/checkpoint.tmp" && mkdir -p "$BUNDLE_DIR/checkpoint.tmp"
+  "$PY" "$BUNDLE_DIR/{PROGRAM_NAME}" "$BUNDLE_DIR/{SPEC_NAME}" "$BUNDLE_DIR/source" "$BUNDLE_DIR/checkpoint.tmp" \
+    2>&1 | tee "$BUNDLE_DIR/checkpoint.tmp/convert.log"
+  "$PY" - "$BUNDLE_DIR/checkpoint.tmp" "$WORLD_SIZE" <<'PYEOF' || die "the converted checkpoint is incomplete \
+(see $BUNDLE_DIR/checkpoint.tmp/convert.log)"
+import json, os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+algo = json.load(open(os.path.join(d, "config.json")))["quantization"]["quant_algo"]
+missing = [r for r in range(n) if not os.path.isfile(os.path.join(d, f"rank{{r}}.safetensors"))]
+sys.exit(f"quant_algo {{algo}}, missing ranks {{missing}}" if algo != "W4A16_GPTQ" or missing else 0)
+PYEOF
+  rm -rf "$BUNDLE_DIR/checkpoint" && mv "$BUNDLE_DIR/checkpoint.tmp" "$BUNDLE_DIR/checkpoint"
+  echo "checkpoint converted: $BUNDLE_DIR/checkpoint"
+}}
+
 build() {{
   check_versions
   check_gpus
+  {"convert" if convert else ":"}
   if check_engine "$BUNDLE_DIR/engine" 2>/dev/null; then
     echo "engine up to date: $BUNDLE_DIR/engine"
     return 0
@@ -205,7 +229,19 @@ def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir:
 
     The limits, plugin decisions and KV pool come from ``plan``, the build's one plan."""
     limits, plugins, world_size = plan.limits, plan.plugins, build.world_size
-    method = _link_tree(ckpt_dir, tmp / "checkpoint")
+    sq = plan.source_quantization
+    convert = sq is not None and Path(ckpt_dir) == Path(hf_dir)  # a pre-quantized source, converted on the host
+    if convert:
+        from builders import prequant_trtllm
+        from builders.prequant import Prequantized
+        from plugins.architectures import architecture
+
+        decoder = build.model.decoder_type or architecture(plan.model.architecture).decoder_type
+        par = build.settings.parallelism
+        prequant_trtllm.write_program(tmp, prequant_trtllm.convert_spec(
+            Prequantized(**{**sq, "recipes": tuple(sq["recipes"])}), decoder_type=decoder, dtype=build.settings.dtype,
+            tp_size=par.tp_size, pp_size=par.pp_size))
+    method = _link_tree(ckpt_dir, tmp / ("source" if convert else "checkpoint"))
     copy_tokenizer(hf_dir, tmp / "tokenizer")
     from builders.xgrammar_info import write_beside_tokenizer
 
@@ -236,7 +272,7 @@ def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir:
                        admin_key=f"${{{TRITON_ADMIN_KEY_ENV}}}")
     script = render_script(name=build.name, target=build.target, planned_dir=final.resolve(),
                            world_size=world_size, build_argv=argv, serve=serve, limits=limits,
-                           ports=(sv.http_port, sv.grpc_port, sv.metrics_port))
+                           ports=(sv.http_port, sv.grpc_port, sv.metrics_port), convert=convert)
     (tmp / SCRIPT_NAME).write_text(script)
     (tmp / SCRIPT_NAME).chmod(0o755)
     plan_doc = {

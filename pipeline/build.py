@@ -19,6 +19,7 @@ import json
 import logging
 import platform
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,7 +200,10 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
     build = ctx.build
     s, fmt = build.settings, ctx.plan.checkpoint_format
     q = s.quantization
-    if ctx.plan.source_quantization is not None:  # already quantized: the source is the checkpoint, as it is
+    sq = ctx.plan.source_quantization
+    if sq is not None and build.runtime.builds_trt_engine and ctx.toolchain is not None:
+        return _convert_prequantized(ctx)  # AutoAWQ / AutoGPTQ: upstream converts it into a TensorRT-LLM checkpoint
+    if sq is not None:  # already quantized: the source is the checkpoint, as it is (the bundle converts it there)
         key = stage_key(stage="checkpoint", format="source", source=ctx.digest,
                         quantization=ctx.plan.source_quantization)
         log.info("%-10s skipped: model.source is already quantized (%s); its files are the checkpoint",
@@ -238,6 +242,24 @@ def checkpoint_stage(ctx: BuildContext) -> StageResult:
     return run_stage("checkpoint", ctx.out / "checkpoint", key, produce, force=ctx.force)
 
 
+def _convert_prequantized(ctx: BuildContext) -> StageResult:
+    """The checkpoint stage of an AutoAWQ/AutoGPTQ source on the engine path with TensorRT-LLM installed: upstream's
+    from_hugging_face writes the TensorRT-LLM checkpoint (builders.prequant_trtllm)."""
+    from builders import prequant_trtllm
+    from builders.prequant import Prequantized
+
+    build, sq = ctx.build, ctx.plan.source_quantization
+    pq = Prequantized(**{**sq, "recipes": tuple(sq["recipes"])})
+    decoder_type = build.model.decoder_type or architecture(ctx.plan.model.architecture).decoder_type
+    par = build.settings.parallelism
+    spec = prequant_trtllm.convert_spec(pq, decoder_type=decoder_type, dtype=build.settings.dtype,
+                                        tp_size=par.tp_size, pp_size=par.pp_size)
+    key = stage_key(stage="checkpoint", format="trtllm", source=ctx.digest, convert=spec,
+                    toolchain=ctx.toolchain.versions)
+    return run_stage("checkpoint", ctx.out / "checkpoint", key, lambda tmp: prequant_trtllm.convert(
+        ctx.hf_dir, tmp, spec, python=ctx.toolchain.python or sys.executable), force=ctx.force)
+
+
 def verify_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
     """Dequantize + merge the checkpoint, score it (and each LoRA adapter on it) against the source, apply ``gates``
     (verify/verify.json).
@@ -254,7 +276,10 @@ def verify_stage(ctx: BuildContext, ckpt: StageResult) -> StageResult:
                     **ref_key)
 
     def produce(tmp: Path) -> dict:
-        report = verify_checkpoint(ckpt.path, ctx.hf_dir, s.gates, dataset=s.quantization.calibration.dataset,
+        # a pre-quantized source is scored as it is (a TensorRT-LLM checkpoint converted from it holds the same
+        # weights, repacked for the engine's kernels)
+        scored = ctx.hf_dir if ctx.plan.source_quantization is not None else ckpt.path
+        report = verify_checkpoint(scored, ctx.hf_dir, s.gates, dataset=s.quantization.calibration.dataset,
                                    out_json=tmp / "verify.json", trust_remote_code=ctx.build.model.trust_remote_code,
                                    adapters=adapters, reference=reference)
         return {"reference": report["reference"], **({"note": report["note"]} if "note" in report else {}),
@@ -458,14 +483,19 @@ def _print_handoff(ctx: BuildContext, ckpt: StageResult, bundle: StageResult) ->
     build, target, world = ctx.build, ctx.target, ctx.build.world_size
     par = build.settings.parallelism
     state = "up to date" if bundle.cached else "written"
+    sq = ctx.plan.source_quantization
+    made = (f"model.source, already quantized ({sq['method']} {sq['quant_algo']})" if sq else
+            f"ModelOpt {build.settings.quantization.quant_algo}") + f", tp {par.tp_size} x pp {par.pp_size}"
+    step = "convert the checkpoint with TensorRT-LLM, " if sq else ""
     print(f"""
 TensorRT-LLM {TRTLLM_VERSION} is not importable here, so the engine for target '{target.name}' (SM {target.sm}) \
 was not built on this machine.
 Produced:
-  checkpoint  {ckpt.path}  (ModelOpt {build.settings.quantization.quant_algo}, tp {par.tp_size} x pp {par.pp_size})
-  bundle      {bundle.path}  ({state}: checkpoint, tokenizer, Triton repository for the tensorrtllm backend,
-              plan.json, build_and_serve.sh)
+  checkpoint  {ckpt.path}  ({made})
+  bundle      {bundle.path}  ({state}: {'source' if sq else 'checkpoint'}, tokenizer, Triton repository for the \
+tensorrtllm backend, plan.json, build_and_serve.sh)
 On a GPU host with {world} x {target.name} GPU(s) and TensorRT-LLM {TRTLLM_VERSION} (e.g. the NGC Triton TRT-LLM \
 container), copy the bundle folder and run:
-  ./build_and_serve.sh          # trtllm-build, check the engine, then serve with tritonserver (mpirun, {world} rank(s))
+  ./build_and_serve.sh          # {step}trtllm-build, check the engine, then serve with tritonserver (mpirun, \
+{world} rank(s))
 See docs/gpu-hosts.md.""", flush=True)

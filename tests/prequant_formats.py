@@ -96,6 +96,7 @@ def _save(model, tensors: dict[str, torch.Tensor], out: Path, quantization_confi
     model.config.save_pretrained(str(out))
     cfg = json.loads((out / "config.json").read_text())
     cfg["quantization_config"] = quantization_config
+    cfg["architectures"] = [type(model).__name__]  # what the producers' save_pretrained writes
     cfg["torch_dtype"] = "float16"
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "model.safetensors"),

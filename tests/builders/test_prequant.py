@@ -253,12 +253,13 @@ def _facts(name: str) -> dict:
     ("awq", "trtllm-llmapi", True), ("gptq", "trtllm-llmapi", True),
     ("fp8_tensor", "trtllm-llmapi", True),  # tensor-strategy weights: ValueError in _torch/model_config.py
     ("fp8_channel", "trtllm-llmapi", True),  # weights only: upstream reads channel weights with token activations
-    ("awq", "trtllm", True), ("fp8_channel", "trtllm", True), ("gptq_desc_act", "trtllm", True),
+    ("awq", "trtllm", False), ("gptq", "trtllm", False),  # upstream's from_hugging_face converts them
+    ("fp8_channel", "trtllm", True), ("gptq_desc_act", "trtllm", True), ("gptq_v2", "trtllm", True),
 ])
 def test_each_runtime_takes_what_upstream_reads(formats, tmp_path, name, runtime, refused):
     build = _spec(tmp_path, formats[name], runtime=runtime, target="h100" if runtime != "pytorch" else "cpu")
     build, pq = prequant.source_quantization(build, _config(formats[name]), formats[name])
-    problems = prequant.runtime_problems(build, pq)
+    problems = prequant.runtime_problems(build, pq, _config(formats[name]))
     assert bool(problems) == refused
     for p in problems:
         assert p.code == "prequant_runtime" and p.field.endswith("runtime") and "runtime: pytorch" in p.fix
