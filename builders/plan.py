@@ -30,7 +30,7 @@ from builders.plan_warnings import PlanFacts, plan_warnings
 from builders.spec import LimitsConfig, ResolvedBuild
 from plugins.architectures import architecture, support
 from plugins.errors import Problem, SpecError
-from plugins.recipes import QuantRecipe, recipe
+from plugins.recipes import recipe
 from plugins.resolve import PluginDecision, resolve_plugins
 from plugins.runtimes import kv_slots
 from plugins.targets import TargetProfile
@@ -478,9 +478,12 @@ def _router_params(shape: ModelShape) -> int:
     return shape.hidden_size * (shape.num_experts + (1 if shape.shared_expert_intermediate_size else 0))
 
 
-def _weights(shape: ModelShape, tp: int, pp: int, quant: QuantRecipe, group_size: int, dtype_bytes: int,
+def _weights(shape: ModelShape, tp: int, pp: int, quant, group_size: int, dtype_bytes: int,
              dedupe_tied: bool, moe_tp: int = 1, moe_ep: int = 1) -> tuple[list[int], dict[str, int], int, int]:
     """Per-PP-rank weight bytes (heaviest TP rank), the heaviest rank's breakdown, total and active params.
+
+    ``quant``: what gives a linear layer's bytes (``linear_bytes``): a plugins.recipes.QuantRecipe, or the
+    builders.prequant.Prequantized of a pre-quantized source.
 
     Active parameters per token count the attention, the router, the shared expert and top-k experts of
     each MoE layer (all experts stay resident: the bytes count them all).
@@ -611,7 +614,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     arch = architecture(shape.architecture)
     fmt = support(arch, build.runtime, build.recipe).checkpoint_format if arch else None
     moe_tp, moe_ep = par.moe_sizes if engine else (1, 1)
-    per_pp, breakdown, params, active = _weights(shape, tp, pp, build.recipe if engine else recipe("none"),
+    pq = prequant_of(hf_config)  # a pre-quantized source: its own layout (builders.prequant.Prequantized)
+    per_pp, breakdown, params, active = _weights(shape, tp, pp, (pq or build.recipe) if engine else recipe("none"),
                                                  q.group_size, dtype_bytes, moe_tp=moe_tp, moe_ep=moe_ep,
                                                  dedupe_tied=not engine or fmt != "trtllm")
     weights = max(per_pp)
@@ -659,7 +663,6 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
 
     gpn = par.gpus_per_node or target.gpus_per_node
     code = source_code(build, hf_config)
-    pq = prequant_of(hf_config)
     plan = Plan(build=build.name, target=target.name, runtime=s.runtime, dtype=s.dtype, quant_algo=q.quant_algo,
                 tensorrt_llm_versions=build.runtime.tensorrt_llm_versions,
                 trtllm_quant_algo=build.recipe.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo,

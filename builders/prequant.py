@@ -86,6 +86,34 @@ class Prequantized:
         out["recipes"] = list(self.recipes)
         return out
 
+    quantized = True
+
+    def linear_bytes(self, n_in: int, n_out: int, group_size: int, dtype_bytes: int) -> tuple[int, int]:
+        """(weight bytes, scale bytes) of one ``n_in x n_out`` linear layer shard as the TensorRT-LLM runtimes hold
+        this checkpoint (the interface of plugins.recipes.QuantRecipe.linear_bytes, for builders.plan).
+
+        AutoAWQ/AutoGPTQ (W4A16_GPTQ): 0.5 B/param + a 16-bit scale and a 16-bit zero per group of ``group_size``
+        inputs per output (``weights_scaling_factor``, ``zero``: TensorRT-LLM's checkpoint format). compressed-tensors
+        FP8: 1 B/param + FP32 ``weight_scale`` per tensor, per output channel or per block. ModelOpt: its recipe's
+        layout (plugins.recipes)."""
+        from plugins.recipes import QUANT_RECIPES
+
+        if self.method == "modelopt":
+            return QUANT_RECIPES[self.recipe].linear_bytes(n_in, n_out, group_size, dtype_bytes)
+        if self.method in ("awq", "gptq"):
+            groups = -(-n_in // self.group_size) if self.group_size else 1
+            return n_in * n_out // 2, 2 * groups * n_out * dtype_bytes
+        strategy = self.detail.get("strategy")
+        if strategy == "channel":
+            scales = n_out
+        elif strategy == "block":
+            b0, b1 = self.detail.get("block_structure") or (128, 128)
+            scales = -(-n_out // b0) * -(-n_in // b1)
+        else:
+            scales = 1
+        return n_in * n_out, 4 * scales + (4 if (self.detail.get("input_activations") or {}).get("dynamic") is False
+                                           else 0)
+
     def describe(self) -> str:
         """One phrase: ``AutoGPTQ INT4 (group 128, desc_act false)``."""
         names = {"modelopt": "ModelOpt", "compressed-tensors": "compressed-tensors", "awq": "AutoAWQ",

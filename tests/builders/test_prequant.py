@@ -354,3 +354,27 @@ def test_a_prequantized_hub_repository_is_planned_from_config_json_and_built_wit
     assert manifest["source_checkpoint"]["repo_id"] == "org/tiny-gptq"
     verify = manifest["stages"]["verify"]["info"]
     assert "models--org--tiny" in verify["reference"] and verify["metrics"]["top1_agreement"] > 0.5
+
+
+def test_the_plan_counts_the_checkpoints_own_bytes(formats, tmp_path):
+    """On the TensorRT-LLM runtimes the weights row is the checkpoint's format: AutoGPTQ's 16-bit scale and zero
+    per group (not ModelOpt's FP32 scales and pre-quant vector), compressed-tensors' per-channel FP32 scales."""
+    from builders.plan import compute_plan
+    from plugins.targets import get_target
+
+    def plan(name, runtime):
+        build = _spec(tmp_path, formats[name], runtime=runtime, target="h100")
+        build, _ = prequant.source_quantization(build, _config(formats[name]), formats[name])
+        return compute_plan(build, get_target("h100"), _config(formats[name]))
+
+    gptq = plan("gptq", "trtllm")
+    from plugins.recipes import QUANT_RECIPES
+
+    # the tiny model: per layer q,k,v,o (64 in) and gate,up (64 in), down (128 in); 2 layers; group 32
+    shards = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 128), (64, 128), (128, 64)]
+    scales = 2 * sum(2 * (n_in // 32) * n_out * 2 for n_in, n_out in shards)
+    assert gptq.memory.weights_breakdown["scales"] == scales
+    modelopt = 2 * sum(QUANT_RECIPES["int4_awq"].linear_bytes(i, o, 32, 2)[1] for i, o in shards)
+    assert modelopt != scales  # the recipe's layout would have planned other bytes
+    fp8 = plan("fp8_channel", "trtllm-llmapi")
+    assert fp8.memory.weights_breakdown["scales"] == 2 * sum(4 * o for _, o in shards)
