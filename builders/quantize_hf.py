@@ -73,7 +73,11 @@ def prepare_llmapi_engine(ckpt_dir: Path, hf_dir: Path, out_dir: Path, *, limits
             except OSError:
                 shutil.copy2(f, out_dir / f.name)
     copy_tokenizer(hf_dir, out_dir)
-    engine = {"format": "modelopt-unified-hf", "runtime": "trtllm-llmapi", "build_config": limits.as_dict(),
+    from builders.prequant import detect_folder
+
+    pq = detect_folder(ckpt_dir)  # the trtllm-llmapi runtime takes a pre-quantized source as it is
+    fmt = "modelopt-unified-hf" if pq is None or pq.method == "modelopt" else f"{pq.method}-hf"
+    engine = {"format": fmt, "runtime": "trtllm-llmapi", "build_config": limits.as_dict(),
               "quantization": json.loads((ckpt_dir / "config.json").read_text()).get("quantization_config")}
     (out_dir / "engine.json").write_text(json.dumps(engine, indent=2) + "\n")
     return engine
