@@ -585,7 +585,7 @@ def lora_plan(build: ResolvedBuild, shape: ModelShape, adapters: list, dtype_byt
 
 def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, isl: int = 128,
                  osl: int = 128, draft: Optional[dict] = None, draft_source: str = "",
-                 adapters: Optional[list] = None) -> Plan:
+                 adapters: Optional[list] = None, source_quantization=None) -> Plan:
     """Plan ``build`` on ``target`` for the model described by ``hf_config`` (pure; no rule raises).
 
     Args:
@@ -596,6 +596,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
             reports (tokens).
         draft, draft_source: the speculative draft's config.json and where it came from (:func:`draft_config`).
         adapters: the LoRA adapters of ``lora.adapters`` (builders.lora.read_adapters; None: none counted).
+        source_quantization: a pre-quantized source's builders.prequant.Prequantized (None: read from
+            ``hf_config``'s quantization_config, builders.prequant.detect).
 
     Returns:
         The plan. Rules are checked by :func:`builders.preflight.make_plan`, which calls this.
@@ -614,7 +616,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     arch = architecture(shape.architecture)
     fmt = support(arch, build.runtime, build.recipe).checkpoint_format if arch else None
     moe_tp, moe_ep = par.moe_sizes if engine else (1, 1)
-    pq = prequant_of(hf_config)  # a pre-quantized source: its own layout (builders.prequant.Prequantized)
+    pq = source_quantization or prequant_of(hf_config)  # a pre-quantized source: its own layout
     per_pp, breakdown, params, active = _weights(shape, tp, pp, (pq or build.recipe) if engine else recipe("none"),
                                                  q.group_size, dtype_bytes, moe_tp=moe_tp, moe_ep=moe_ep,
                                                  dedupe_tied=not engine or fmt != "trtllm")

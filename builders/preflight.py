@@ -677,6 +677,7 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     plan = None
     if not any(p.code in SHARDING_CODES + ("architecture", "rope_type") for p in problems):
         plan = compute_plan(build, target, hf_config, isl=isl, osl=osl, draft=draft, draft_source=draft_source,
+                            source_quantization=pq,
                             adapters=adapters)
         problems += memory_problems(build, target, plan)
     if problems:

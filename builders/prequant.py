@@ -141,6 +141,8 @@ def detect(hf_config: dict, folder: Path | str | None = None) -> Prequantized | 
             without a recipe here), naming it and the fix (code ``prequant_format``).
     """
     where = str(hf_config.get("_name_or_path") or folder or "config.json")
+    if folder is None and hf_config.get("_name_or_path") and Path(str(hf_config["_name_or_path"])).is_dir():
+        folder = hf_config["_name_or_path"]  # a local folder's config.json: its hf_quant_config.json is beside it
     hq_path = Path(folder) / "hf_quant_config.json" if folder is not None else None
     hq = None
     if hq_path is not None and hq_path.is_file():

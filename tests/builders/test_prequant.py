@@ -378,3 +378,23 @@ def test_the_plan_counts_the_checkpoints_own_bytes(formats, tmp_path):
     assert modelopt != scales  # the recipe's layout would have planned other bytes
     fp8 = plan("fp8_channel", "trtllm-llmapi")
     assert fp8.memory.weights_breakdown["scales"] == 2 * sum(4 * o for _, o in shards)
+
+
+def test_a_modelopt_folder_with_hf_quant_config_only_is_recognised_at_plan_time(tmp_path):
+    """Older ModelOpt exports write hf_quant_config.json and no quantization_config in config.json: the plan of the
+    local folder (config.json read, nothing else) still finds it beside config.json."""
+    from pipeline.cli import main
+
+    from tests.conftest import smollm2_tokenizer_dir
+    from tests.prequant_formats import copy_tokenizer
+
+    _model().save_pretrained(tmp_path / "m")
+    copy_tokenizer(smollm2_tokenizer_dir(), tmp_path / "m")
+    rec = _recorded_modelopt()["FP8_DEFAULT_CFG"]
+    (tmp_path / "m" / "hf_quant_config.json").write_text(json.dumps(rec["hf_quant_config.json"]))
+    assert "quantization_config" not in _config(tmp_path / "m")
+    spec = tmp_path / "b.yaml"
+    spec.write_text(f"name: b\nmodel: {{source: {tmp_path / 'm'}}}\ntargets: {{cpu: {{runtime: pytorch}}}}\n")
+    assert main(["plan", str(spec), "--target", "cpu", "--no-predict", "--output", str(tmp_path / "p.json")]) == 0
+    plan = json.loads((tmp_path / "p.json").read_text())
+    assert plan["source_quantization"]["declared_in"] == "hf_quant_config.json" and plan["quant_algo"] == "fp8"
