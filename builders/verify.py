@@ -222,6 +222,7 @@ def verify_checkpoint(ckpt_dir: Path, hf_dir: Path, gates, *, dataset: str = "py
     checks = check_gates(metrics, gates)
     scored = compare_adapters(source, candidate, adapters, windows, gates) if adapters and source is not None else {}
     report = {"reference": str(ref_dir) if ref_dir is not None else None,
+              "compared_with": "source" if reference == "source" else ("model.reference" if ref_dir else None),
               **({"note": NO_REFERENCE} if ref_dir is None else {}),
               "quant_algo": info.quant_algo,
               "kv_cache_quant_algo": info.kv_cache_quant_algo, "checkpoint_format": info.format,
@@ -264,7 +265,8 @@ def format_table(report: dict) -> str:
         rows = [("reference", "none (set model.reference to compare)"), ("perplexity", f"{m['perplexity']:.4f}"),
                 ("positions", str(m["positions"]))]
     else:
-        rows = [("source perplexity", f"{m['source_perplexity']:.4f}"), ("perplexity", f"{m['perplexity']:.4f}"),
+        label = "reference" if report.get("compared_with") == "model.reference" else "source"
+        rows = [(f"{label} perplexity", f"{m['source_perplexity']:.4f}"), ("perplexity", f"{m['perplexity']:.4f}"),
                 ("perplexity delta %", f"{m['perplexity_delta_pct']:+.3f}"),
                 ("top-1 agreement", f"{m['top1_agreement']:.4f}"), ("mean KL (nats/token)", f"{m['mean_kl']:.5f}"),
                 ("max logit error", f"{m['max_logit_error']:.4f}"), ("positions", str(m["positions"]))]

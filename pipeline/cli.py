@@ -240,8 +240,10 @@ def cmd_verify(args) -> int:
                          progress=not args.no_progress, stop_after="verify")
     out = _folder(args, build)
     report = json.loads((out / "verify" / "verify.json").read_text())
-    q = build.settings.quantization
-    print(f"\nverify {build.name} for {build.target}: {q.quant_algo} (kv cache {q.kv_cache_quant_algo or 'model dtype'}),"
+    q = manifest["settings"]["quantization"]  # a pre-quantized source's own, as the build adopted it
+    source = " (model.source as it is)" if manifest["source_checkpoint"].get("quantization") else ""
+    print(f"\nverify {build.name} for {build.target}: {q['quant_algo']}{source} (kv cache "
+          f"{q['kv_cache_quant_algo'] or 'model dtype'}),"
           f" tp={report['mapping']['tp_size']} pp={report['mapping']['pp_size']}, "
           f"{report['evaluation']['samples']} x {report['evaluation']['seq_len']} held-out tokens")
     print(format_table(report))
