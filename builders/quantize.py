@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from plugins.errors import StageError
-from plugins.recipes import KV_CACHE_RECIPES, QUANT_RECIPES
+from plugins.recipes import KV_CACHE_RECIPES, QUANT_RECIPES, algorithm_config
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 def modelopt_config(quant_algo: str, group_size: int, kv_cache_quant_algo: str | None = None) -> dict | None:
     """Build the ModelOpt quantization config dict for a recipe (a deep copy; ModelOpt's are shared).
 
-    Sets the block size of INT4 weight quantizers to ``group_size`` and merges the KV-cache
-    config entries when ``kv_cache_quant_algo`` is set.
+    Sets the block size of INT4 weight quantizers to ``group_size``, replaces the config's calibration algorithm
+    with the recipe's own (:attr:`plugins.recipes.QuantRecipe.algorithm`: GPTQ for int4_gptq) and merges the
+    KV-cache config entries when ``kv_cache_quant_algo`` is set.
     """
     import modelopt.torch.quantization as mtq
 
@@ -47,6 +48,8 @@ def modelopt_config(quant_algo: str, group_size: int, kv_cache_quant_algo: str |
                 for sub in qcfg if isinstance(qcfg, list) else [qcfg]:
                     if isinstance(sub, dict) and sub.get("num_bits") == 4 and "block_sizes" in sub:
                         sub["block_sizes"][-1] = group_size
+    if recipe.algorithm:
+        cfg["algorithm"] = algorithm_config(recipe.algorithm, group_size)
     if kv_cache_quant_algo:
         kv = copy.deepcopy(getattr(mtq, KV_CACHE_RECIPES[kv_cache_quant_algo]))
         cfg["quant_cfg"] = _as_list(cfg["quant_cfg"]) + _as_list(kv["quant_cfg"])
@@ -223,7 +226,7 @@ def patch_checkpoint_config(config_path: Path, hf_config) -> dict:
     transformers 5 keeps ``rope_theta`` inside ``rope_parameters``; the exporter looks for a
     ``rotary_base`` attribute, finds none and writes nothing, so TensorRT-LLM would fall back
     to 10000 (SmolLM2 uses 100000): wrong positions, garbage text. A W4A16_AWQ export without
-    any ``prequant_scaling_factor`` (round-to-nearest int4_rtn) gets ``pre_quant_scale: false``.
+    any ``prequant_scaling_factor`` (round-to-nearest int4_rtn, GPTQ int4_gptq) gets ``pre_quant_scale: false``.
     Returns the keys set.
     """
     from plugins.architectures import architecture
@@ -239,7 +242,7 @@ def patch_checkpoint_config(config_path: Path, hf_config) -> dict:
             cfg[key] = value
     quant = cfg.get("quantization") or {}
     if quant.get("pre_quant_scale") and not _has_prequant_scales(config_path.parent):
-        # Round-to-nearest INT4 (int4_rtn) exports as W4A16_AWQ without any prequant_scaling_factor;
+        # Round-to-nearest INT4 (int4_rtn) and GPTQ (int4_gptq) export as W4A16_AWQ without any prequant_scaling_factor;
         # TensorRT-LLM would expect one per layer when pre_quant_scale is true.
         patched["quantization.pre_quant_scale"] = {"exported": True, "written": False}
         quant["pre_quant_scale"] = False

@@ -6,7 +6,8 @@ its weights and scales, and the hardware it needs. Adding a recipe is adding one
 :data:`QUANT_RECIPES`: the spec's ``quant_algo`` choices are its keys.
 
 Sources: ModelOpt 0.47 ``modelopt/torch/quantization/config.py`` (the ``*_CFG`` names) and
-``modelopt/torch/export/model_config.py`` (the ``QUANTIZATION_*`` names); TensorRT-LLM 1.2
+``modelopt/torch/export/model_config.py`` (the ``QUANTIZATION_*`` names), ``GPTQCalibConfig`` in the same
+``config.py`` and ``gptq`` in ``modelopt/torch/quantization/model_calib.py`` (int4_gptq); TensorRT-LLM 1.2
 ``tensorrt_llm/quantization/mode.py`` (QuantAlgo) and ``tensorrt_llm/builder.py`` (which
 algorithms get FP8 context FMHA); the scale layouts follow TensorRT-LLM's checkpoint format
 (``docs/source/architecture/checkpoint.md``).
@@ -29,6 +30,9 @@ class QuantRecipe:
     Attributes:
         name: our key (``fp8``, ``int4_awq``...), the spec's ``quantization.quant_algo``.
         modelopt_cfg: name of the ModelOpt config in ``modelopt.torch.quantization`` (None: no quantization).
+        algorithm: ModelOpt calibration algorithm that replaces the config's own ``algorithm`` (a key of
+            :data:`ALGORITHMS`; None: the config's, e.g. ``max`` or ``awq_lite``). ``gptq`` turns the round-to-nearest
+            INT4 block-wise config into GPTQ (int4_gptq).
         quant_algo: TensorRT-LLM ``quantization.quant_algo`` written in the checkpoint (None: unquantized).
         weight_bits: bits per weight of quantized linear layers.
         uses_group_size: whether ``group_size`` applies (INT4 block-wise recipes).
@@ -55,6 +59,7 @@ class QuantRecipe:
     modelopt_cfg: Optional[str]
     quant_algo: Optional[str]
     weight_bits: int
+    algorithm: Optional[str] = None
     uses_group_size: bool = False
     needs_calibration_data: bool = True
     fp8_compute: bool = False
@@ -106,6 +111,10 @@ QUANT_RECIPES: dict[str, QuantRecipe] = {r.name: r for r in (
                 aiconfigurator_gemm="int4_wo", aiconfigurator_moe="int4_wo"),
     QuantRecipe("int4_rtn", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", 4, uses_group_size=True,
                 int_weight_gemm=True, aiconfigurator_gemm="int4_wo", aiconfigurator_moe="int4_wo"),
+    # GPTQ: ModelOpt exports it as it exports round-to-nearest INT4 (W4A16_AWQ, no pre-quant scale): only the
+    # weights differ (tests/facts/modelopt_0_47_0/gptq.json)
+    QuantRecipe("int4_gptq", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", 4, algorithm="gptq", uses_group_size=True,
+                int_weight_gemm=True, aiconfigurator_gemm="int4_wo", aiconfigurator_moe="int4_wo"),
     QuantRecipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", 4, uses_group_size=True, fp8_compute=True),
     QuantRecipe("int8_sq", "INT8_SMOOTHQUANT_CFG", "W8A8_SQ_PER_CHANNEL", 8, int_weight_gemm=True,
                 per_channel_scales=True, smoothquant=True, aiconfigurator_gemm="sq"),
@@ -113,6 +122,31 @@ QUANT_RECIPES: dict[str, QuantRecipe] = {r.name: r for r in (
                 checkpoint_formats=("hf_unified",), aiconfigurator_gemm="nvfp4", aiconfigurator_moe="nvfp4"),
 )}
 """Every recipe by name; ``builders.spec.QuantName`` lists the same names."""
+
+GPTQ_BLOCK_SIZE = 128
+"""Columns GPTQ updates per block: ``GPTQCalibConfig.block_size``'s default in ModelOpt 0.47
+(``modelopt/torch/quantization/config.py``), raised to a multiple of ``group_size`` (the same field's rule: the block
+size "must be a multiple of the group_size used in the quantization"): :func:`algorithm_config`."""
+
+
+def algorithm_config(name: str, group_size: int) -> dict:
+    """The ModelOpt ``algorithm`` entry of calibration algorithm ``name`` for INT4 groups of ``group_size``.
+
+    ``gptq`` (ModelOpt 0.47 ``GPTQCalibConfig``, ``model_calib.gptq``): damping 1% of the mean Hessian diagonal
+    (``perc_damp`` default), ``block_size`` :data:`GPTQ_BLOCK_SIZE` rounded up to a multiple of ``group_size``,
+    ``fused`` off (its Triton kernel is for NVFP4 weights only and needs a GPU; the column loop runs on torch CPU),
+    and ``layerwise`` on: decoder layers are quantized one after the other, each layer's Hessian taken from the
+    outputs of the already quantized layers before it (GPTQ's sequential order, as ModelOpt's own GPTQ recipe
+    ``modelopt_recipes/general/ptq/nvfp4_default-kv_none-gptq.yaml`` sets it), no per-layer checkpoints.
+    """
+    if name != "gptq":
+        raise KeyError(name)
+    return {"method": "gptq", "perc_damp": 0.01, "block_size": _ceil_div(GPTQ_BLOCK_SIZE, group_size) * group_size,
+            "fused": False, "layerwise": {"enable": True}}
+
+
+ALGORITHMS = ("gptq",)
+"""Calibration algorithms a recipe may set (:attr:`QuantRecipe.algorithm`, :func:`algorithm_config`)."""
 
 KV_CACHE_RECIPES: dict[str, str] = {"fp8": "FP8_KV_CFG"}
 """KV-cache quantization (spec ``kv_cache_quant_algo``) to its ModelOpt config name."""
