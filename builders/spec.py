@@ -90,7 +90,8 @@ class CalibrationConfig(_Strict):
 class QuantizationConfig(_Strict):
     quant_algo: QuantName = "int4_awq"
     """Quantization recipe (ModelOpt): none (fp16/bf16), fp8, int4_awq (W4A16_AWQ), int4_rtn
-    (round-to-nearest INT4 baseline), w4a8_awq, int8_sq (SmoothQuant)."""
+    (round-to-nearest INT4 baseline), int4_gptq (INT4 weight-only with GPTQ calibration; exported as W4A16_AWQ
+    like int4_rtn), w4a8_awq, int8_sq (SmoothQuant), nvfp4 (Blackwell)."""
     kv_cache_quant_algo: Optional[Literal["fp8"]] = None
     """KV-cache quantization (``fp8``) or null for the model dtype."""
     group_size: int = Field(128, ge=16, le=1024)

@@ -156,7 +156,7 @@ def accuracy_by_recipe(build: ResolvedBuild) -> dict[str, tuple[Optional[float],
 
     A ``verify.json`` under ``build/<name>/*/verify/`` (a build of this build file; the worst one per recipe)
     wins over the recorded table ``docs/benchmarks/quantization.json`` (SmolLM2-135M; larger models lose less).
-    verify.json names TensorRT-LLM's quant_algo, which int4_awq and int4_rtn share: both get it.
+    verify.json names TensorRT-LLM's quant_algo, which int4_awq, int4_rtn and int4_gptq share: all get it.
     """
     out: dict[str, tuple[Optional[float], str]] = {name: (None, "not measured") for name in QUANT_RECIPES}
     if RECORDED_ACCURACY.is_file():
@@ -438,7 +438,7 @@ def _recipe_by_mode() -> dict[str, str]:
 GEMM_TO_RECIPE = _recipe_by_mode()
 """aiconfigurator's quant mode to our recipe: the registry inverted (QuantRecipe.aiconfigurator_gemm, then
 aiconfigurator_moe, whose ``fp8`` is also a GEMMQuantMode: FP8 without static activation scales);
-the first recipe in QUANT_RECIPES wins a mode two share (int4_wo: int4_awq, not int4_rtn)."""
+the first recipe in QUANT_RECIPES wins a mode several share (int4_wo: int4_awq, not int4_rtn or int4_gptq)."""
 
 
 def judge_pick(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config: dict, slo: Slo,

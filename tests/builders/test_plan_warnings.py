@@ -178,7 +178,7 @@ def test_headroom_and_kv_fixes_name_only_what_the_target_runs():
     cfg = {**hf_config("llama-3-8b"), "num_hidden_layers": 42}
     found = dict(plan_warnings(PlanFacts(_plan(build, cfg), build, get_target("a10"), cfg)))
     headroom = found["memory_headroom"]
-    assert "quantize (quant_algo int4_awq | int4_rtn | int8_sq)" in headroom and "fp8" not in headroom, headroom
+    assert "quantize (quant_algo int4_awq | int4_rtn | int4_gptq | int8_sq)" in headroom and "fp8" not in headroom, headroom
     kv = found["kv_bound_max_seq_len"]
     assert "FP8" not in kv and "raise serving.kv_cache_free_gpu_mem_fraction" not in kv, kv
     assert kv.endswith("fix: use more tp/pp ranks, or lower limits.max_batch_size to "
