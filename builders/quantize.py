@@ -111,6 +111,10 @@ def quantize_model(model, *, quant_algo: str, group_size: int, kv_cache_quant_al
 
     cfg = modelopt_config(quant_algo, group_size, kv_cache_quant_algo)
     device = next(model.parameters()).device
+    # Layer-by-layer calibration (GPTQ) replays each decoder layer's captured inputs, KV cache included; ModelOpt
+    # 0.47's layerwise_calibrate (model_calib.py) resets that cache between replays only where it has reset(), and
+    # Gemma 2/3's does not: the second replay attends over twice the tokens and fails. Calibration needs no cache.
+    no_cache = {"use_cache": False} if QUANT_RECIPES[quant_algo].algorithm else {}
     with measure("calibration") as timing:
         if cfg is not None:
             passes = {"n": 0}
@@ -120,7 +124,7 @@ def quantize_model(model, *, quant_algo: str, group_size: int, kv_cache_quant_al
                 bar = progress(f"calibration pass {passes['n']}", len(calib_samples)) if progress else None
                 with torch.no_grad():
                     for ids in calib_samples:
-                        m(torch.tensor([ids], device=device))
+                        m(torch.tensor([ids], device=device), **no_cache)
                         if bar is not None:
                             bar.update(1)
                 if bar is not None:
