@@ -41,6 +41,17 @@ def test_each_recipe_names_a_modelopt_config(name):
 
     cfg = QUANT_RECIPES[name].modelopt_cfg
     assert cfg is None or isinstance(getattr(mtq, cfg), dict)
+    r = QUANT_RECIPES[name]
+    if r.algorithm is not None:  # a calibration algorithm of ModelOpt's, valid for the config it replaces
+        from modelopt.torch.quantization.mode import CalibrateModeRegistry
+
+        from builders.quantize import modelopt_config
+        from plugins.recipes import ALGORITHMS
+
+        assert cfg is not None and r.algorithm in ALGORITHMS
+        algo = modelopt_config(name, 128)["algorithm"]
+        mode = CalibrateModeRegistry.get(f"{algo['method']}_calibrate")  # as ModelOpt 0.47 mode.py finds it
+        assert mode.config_class(**algo).method == r.algorithm
 
 
 def test_recipe_bytes_follow_their_traits():
