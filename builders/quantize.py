@@ -111,9 +111,10 @@ def quantize_model(model, *, quant_algo: str, group_size: int, kv_cache_quant_al
 
     cfg = modelopt_config(quant_algo, group_size, kv_cache_quant_algo)
     device = next(model.parameters()).device
-    # Layer-by-layer calibration (GPTQ) replays each decoder layer's captured inputs, KV cache included; ModelOpt
-    # 0.47's layerwise_calibrate (model_calib.py) resets that cache between replays only where it has reset(), and
-    # Gemma 2/3's does not: the second replay attends over twice the tokens and fails. Calibration needs no cache.
+    # Layer-by-layer calibration (GPTQ) replays each decoder layer's captured inputs, KV cache included (ModelOpt
+    # 0.47 model_calib.py layerwise_calibrate, utils/layerwise_calib.py). With a cache, Gemma 2/3 fail (a replay
+    # attends over twice the tokens) and Llama's layers after the first get other GPTQ weights, measurably worse
+    # (SmolLM2-135M: perplexity +26.5% instead of +22.5%, docs/benchmarks/quantization.md). Calibration needs none.
     no_cache = {"use_cache": False} if QUANT_RECIPES[quant_algo].algorithm else {}
     with measure("calibration") as timing:
         if cfg is not None:
