@@ -8,6 +8,8 @@ the same weights. Writes ``docs/benchmarks/quantization.md`` and ``quantization.
 
 Usage:
     TRTPIPE_CACHE=... python scripts/bench/bench_quantization.py [--quants none,fp8,...] [--calib 16x256] [--eval 8x256]
+
+The markdown keeps everything from ``## Appendix: earlier runs`` on (:func:`appendix`) and rewrites the rest.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from plugins.procenv import passive_openmp  # noqa: E402
 
 passive_openmp()  # before torch starts
 
-QUANTS = ["none", "fp8", "int4_rtn", "int4_awq", "w4a8_awq", "int8_sq"]
+QUANTS = ["none", "fp8", "int4_rtn", "int4_awq", "int4_gptq", "w4a8_awq", "int8_sq"]
 GROUP = 64  # SmolLM2's hidden 576 is not a multiple of 128
 
 
@@ -163,16 +165,27 @@ def main() -> int:
             tp_rows = old["tp"]
     (args.out / "quantization.json").write_text(json.dumps({"meta": meta, "smollm2": rows, "tp": tp_rows},
                                                            indent=2) + "\n")
-    (args.out / "quantization.md").write_text(render(meta, rows, tp_rows))
+    md = args.out / "quantization.md"
+    md.write_text(render(meta, rows, tp_rows, appendix(md.read_text()) if md.is_file() else ""))
     print(f"wrote {args.out / 'quantization.md'}")
     return 0
 
 
-def render(meta: dict, rows: list[dict], tp_rows: list[dict]) -> str:
+APPENDIX = "## Appendix: earlier runs"
+
+
+def appendix(markdown: str) -> str:
+    """The earlier runs kept at the end of quantization.md (from :data:`APPENDIX` on; move the current table there
+    by hand before a run whose numbers should be kept): every run rewrites the rest."""
+    at = markdown.find(APPENDIX)
+    return markdown[at:] if at >= 0 else ""
+
+
+def render(meta: dict, rows: list[dict], tp_rows: list[dict], earlier: str = "") -> str:
     c, e = meta["calibration"], meta["evaluation"]
     lines = [
         "# Quantization benchmark (SmolLM2-135M, CPU)", "",
-        f"- date: {meta['date']}; hardware: {meta['cpu']}, {meta['cores']} cores, no GPU",
+        f"- date: {meta['date']}; hardware: {meta['cores']} cores {meta['cpu']}, no GPU",
         f"- command: `{meta['command']}`",
         f"- calibration: {c['samples']} x {c['seq_len']} tokens of {c['dataset']}, seed {c['seed']}; "
         f"INT4 group size {meta['group_size']}; tp=1, pp=1, fp16 checkpoint",
@@ -180,6 +193,10 @@ def render(meta: dict, rows: list[dict], tp_rows: list[dict]) -> str:
         "- metrics compare the checkpoint's dequantized weights with the source (`trtpipe verify`): activation "
         "and KV-cache quantization act only inside a TensorRT-LLM engine and are not simulated here, so fp8 and "
         "int8_sq rows show their weight error only.",
+        "- int4_rtn and int4_gptq are the same ModelOpt INT4 block-wise config (max-calibrated group scales) and the "
+        "same W4A16_AWQ checkpoint without pre-quant scales; int4_gptq adds ModelOpt 0.47's GPTQ weight update "
+        "(`gptq`: layer by layer, 1% damping, 128-column blocks, no activation reordering, which ModelOpt's GPTQ "
+        "does not offer), calibrated on the same windows.",
         "- quantize wall / peak RSS: model load + ModelOpt calibration + export, in a fresh process. 'load avg' "
         "is the 1-minute load average around that run ('?' = not recorded): on this shared 2-core machine a load "
         "above ~2 means other work competed for the cores and the times are inflated (accuracy is unaffected).", "",
@@ -203,7 +220,7 @@ def render(meta: dict, rows: list[dict], tp_rows: list[dict]) -> str:
     for r in tp_rows:
         lines.append(f"| {r['quant']} | {r['tp_size']} | {r['ranks']} | {r['checkpoint_bytes'] / 2**20:.1f} | "
                      f"{'yes' if r['same_weights_as_tp1'] else 'NO'} | {r['mean_kl']:.5f} | {r['top1_agreement']:.4f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + (f"\n{earlier.rstrip()}\n" if earlier else "")
 
 
 if __name__ == "__main__":
