@@ -112,7 +112,7 @@ QUANT_RECIPES: dict[str, QuantRecipe] = {r.name: r for r in (
     QuantRecipe("int4_rtn", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", 4, uses_group_size=True,
                 int_weight_gemm=True, aiconfigurator_gemm="int4_wo", aiconfigurator_moe="int4_wo"),
     # GPTQ: ModelOpt exports it as it exports round-to-nearest INT4 (W4A16_AWQ, no pre-quant scale): only the
-    # weights differ (tests/facts/modelopt_0_47_0/gptq.json)
+    # weights differ (tests/facts/modelopt_0_47/gptq.json)
     QuantRecipe("int4_gptq", "INT4_BLOCKWISE_WEIGHT_ONLY_CFG", "W4A16_AWQ", 4, algorithm="gptq", uses_group_size=True,
                 int_weight_gemm=True, aiconfigurator_gemm="int4_wo", aiconfigurator_moe="int4_wo"),
     QuantRecipe("w4a8_awq", "W4A8_AWQ_BETA_CFG", "W4A8_AWQ", 4, uses_group_size=True, fp8_compute=True),

@@ -1,4 +1,4 @@
-"""The installed ModelOpt still is the one tests/facts/modelopt_0_47_0/gptq.json was read from.
+"""The installed ModelOpt still is the one tests/facts/modelopt_0_47/gptq.json was read from.
 
 The facts: ModelOpt 0.47's GPTQ calibration (``GPTQCalibConfig`` and its defaults, the ``gptq_calibrate`` mode, the
 function that runs it), that no INT4 preset of its own sets GPTQ (int4_gptq is INT4_BLOCKWISE_WEIGHT_ONLY_CFG with
@@ -19,7 +19,7 @@ import torch
 from plugins.recipes import QUANT_RECIPES, algorithm_config
 from tests.conftest import tiny_llama_model
 
-FACTS = json.loads((Path(__file__).resolve().parents[1] / "facts" / "modelopt_0_47_0" / "gptq.json").read_text())
+FACTS = json.loads((Path(__file__).resolve().parents[1] / "facts" / "modelopt_0_47" / "gptq.json").read_text())
 
 
 def test_installed_modelopt_is_the_recorded_version():

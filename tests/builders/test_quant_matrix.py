@@ -29,7 +29,7 @@ MAPPINGS = [(1, 1), (2, 1), (1, 2), (2, 2)]
 # (quant_algo, kv_cache_quant_algo)
 RECIPES = [("none", None), ("fp8", None), ("int4_awq", None), ("int4_rtn", None), ("int4_gptq", None),
            ("w4a8_awq", None), ("int8_sq", None), ("none", "fp8"), ("int4_awq", "fp8")]
-# int4_gptq: ModelOpt 0.47 labels GPTQ INT4 as AWQ (tests/facts/modelopt_0_47_0/gptq.json)
+# int4_gptq: ModelOpt 0.47 labels GPTQ INT4 as AWQ (tests/facts/modelopt_0_47/gptq.json)
 QUANT_ALGO = {"none": None, "fp8": "FP8", "int4_awq": "W4A16_AWQ", "int4_rtn": "W4A16_AWQ", "int4_gptq": "W4A16_AWQ",
               "w4a8_awq": "W4A8_AWQ", "int8_sq": "W8A8_SQ_PER_CHANNEL"}
 INT4 = ("int4_awq", "int4_rtn", "int4_gptq", "w4a8_awq")  # INT4 groups of GROUP inputs
@@ -274,7 +274,7 @@ UNIFIED_ERROR = {"fp8": (0.01, 0.04), "int4_awq": (0.05, 0.22), "int4_rtn": (0.0
                  "w4a8_awq": (0.05, 0.22), "int8_sq": (0.003, 0.03)}
 UNIFIED_ALGO = {"fp8": "FP8", "int4_awq": "W4A16_AWQ", "int4_rtn": "W4A16_AWQ", "int4_gptq": "W4A16_AWQ",
                 "w4a8_awq": "W4A8_AWQ", "int8_sq": "W8A8_SQ_PER_CHANNEL"}
-# ModelOpt 0.47 writes RTN and GPTQ as AWQ with unit pre-quant scales (tests/facts/modelopt_0_47_0/gptq.json)
+# ModelOpt 0.47 writes RTN and GPTQ as AWQ with unit pre-quant scales (tests/facts/modelopt_0_47/gptq.json)
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[f"{q}{'+kv' + k if k else ''}" for q, k in RECIPES])
