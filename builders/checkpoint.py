@@ -344,8 +344,12 @@ def read_checkpoint(ckpt_dir: str | Path, vocab_size: int | None = None
     if (Path(ckpt_dir) / "rank0.safetensors").is_file():
         return to_hf_state_dict(ckpt_dir, vocab_size)
     from builders.prequant import detect_folder
+    from plugins.errors import SpecError
 
-    pq = detect_folder(ckpt_dir)
+    try:
+        pq = detect_folder(ckpt_dir)
+    except SpecError:  # a ModelOpt recipe the source rules refuse: still ModelOpt's layout, read below
+        pq = None
     if pq is not None and pq.method != "modelopt":
         return prequantized_state_dict(Path(ckpt_dir), pq, vocab_size)
     return hf_unified_state_dict(ckpt_dir, vocab_size)

@@ -38,7 +38,8 @@ from plugins.errors import Problem, SpecError, StageError
 
 FIELD = "model.source"
 
-MODELOPT_RECIPES: dict[str, tuple[str, ...]] = {
+MODELOPT_RECIPES: dict[str | None, tuple[str, ...]] = {
+    None: ("none",),  # unquantized weights with an FP8 KV cache
     "FP8": ("fp8",),
     "NVFP4": ("nvfp4",),
     "W4A16_AWQ": ("int4_awq", "int4_rtn", "int4_gptq"),
@@ -120,7 +121,8 @@ class Prequantized:
                  "gptq": "AutoGPTQ"}
         bits = [f"group {self.group_size}"] if self.group_size else []
         bits += [f"{k} {json.dumps(v)}" for k, v in self.detail.items() if k in ("strategy", "desc_act", "sym")]
-        return f"{names[self.method]} {self.quant_algo}" + (f" ({', '.join(bits)})" if bits else "")
+        what = self.quant_algo or f"unquantized weights, {self.kv_cache_quant_algo} KV cache"
+        return f"{names[self.method]} {what}" + (f" ({', '.join(bits)})" if bits else "")
 
 
 def _problem(where: str, rule: str, fix: str, code: str = "prequant_format") -> SpecError:
@@ -173,8 +175,10 @@ def _modelopt(hq: dict | None, qc: dict, where: str) -> Prequantized:
     algo = q.get("quant_algo")
     kv = q.get("kv_cache_quant_algo") or qc.get("kv_cache_quant_algo")
     if algo not in MODELOPT_RECIPES:
-        raise _problem(where, f"ModelOpt quant_algo {algo!r} is not one trtpipe reads ({', '.join(MODELOPT_RECIPES)})",
-                       UNQUANTIZED_FIX)
+        raise _problem(where, f"ModelOpt quant_algo {algo!r} is not one trtpipe reads "
+                       f"({', '.join(str(k) for k in MODELOPT_RECIPES)})", UNQUANTIZED_FIX)
+    if algo is None and kv is None:
+        return None  # a ModelOpt export that quantized nothing
     if kv not in (None, "FP8"):
         raise _problem(where, f"ModelOpt kv_cache_quant_algo {kv!r} is not one trtpipe reads (FP8 or none)",
                        UNQUANTIZED_FIX)
@@ -465,7 +469,7 @@ def source_quantization(build, hf_config: dict | None, folder: Path | str | None
     return build.model_copy(update={"settings": settings}), pq
 
 
-LLMAPI_MODELOPT = ("FP8", "NVFP4", "W4A16_AWQ", "W4A8_AWQ")
+LLMAPI_MODELOPT = (None, "FP8", "NVFP4", "W4A16_AWQ", "W4A8_AWQ")
 """ModelOpt quant_algo values TensorRT-LLM's PyTorch backend loads from hf_quant_config.json (1.2.1 and 1.4
 ``tensorrt_llm/_torch/model_config.py``; W8A8_SQ_PER_CHANNEL is read there but refused by ``_torch/modules/linear.py``).
 Recorded in tests/facts/trtllm_1_2_1/prequantized.json and tests/facts/trtllm_1_4/prequantized.json."""
@@ -499,7 +503,8 @@ def runtime_problems(build, pq: Prequantized | None, hf_config: dict | None = No
     portable = "runtime: pytorch serves it (dequantized)"
     if build.runtime.llm_api:
         if pq.method == "modelopt" and pq.quant_algo not in LLMAPI_MODELOPT:
-            return refuse(f"TensorRT-LLM's PyTorch backend reads ModelOpt {', '.join(LLMAPI_MODELOPT)} checkpoints, "
+            return refuse(f"TensorRT-LLM's PyTorch backend reads ModelOpt "
+                          f"{', '.join(str(a) for a in LLMAPI_MODELOPT if a)} checkpoints, "
                           f"not {pq.quant_algo} (_torch/modules/linear.py: unsupported quant mode)",
                           f"{portable}; or build from the unquantized model with another quant_algo")
         if pq.method == "compressed-tensors":
