@@ -372,3 +372,15 @@ def _lora_slots(f: PlanFacts) -> Optional[str]:
         out.append(f"the host cache holds lora.max_cpu_loras = {lora.max_cpu_loras} of the {n} adapters, so not "
                    "every adapter stays loaded")
     return ("lora: " + "; ".join(out) + f" (raise them to {n})") if out else None
+
+
+@_warning("prequant_release")
+def _prequant_release(f: PlanFacts) -> Optional[str]:
+    sq = f.plan.source_quantization
+    if sq is None or sq["method"] != "compressed-tensors" or not f.build.runtime.llm_api:
+        return None
+    # tests/facts/trtllm_1_4/prequantized.json: read by 1.4's _torch/model_config.py; the reader came with PR #10796
+    # (January 2026), which the 1.2.1 sources recorded (tests/facts/trtllm_1_2_1/prequantized.json) may predate
+    return ("model.source is a compressed-tensors FP8 checkpoint: TensorRT-LLM 1.4's PyTorch backend reads it; "
+            "whether 1.2.1 does (its reader came with PR #10796) is not confirmed, so serve it from a 1.4 container "
+            "or check it on the GPU host first")

@@ -398,3 +398,20 @@ def test_a_modelopt_folder_with_hf_quant_config_only_is_recognised_at_plan_time(
     assert main(["plan", str(spec), "--target", "cpu", "--no-predict", "--output", str(tmp_path / "p.json")]) == 0
     plan = json.loads((tmp_path / "p.json").read_text())
     assert plan["source_quantization"]["declared_in"] == "hf_quant_config.json" and plan["quant_algo"] == "fp8"
+
+
+def test_the_plan_warns_that_compressed_tensors_needs_tensorrt_llm_1_4(tmp_path):
+    from builders.plan import compute_plan
+    from plugins.targets import get_target
+
+    model = _model()
+    src = write_compressed_fp8(model, tmp_path / "ct", strategy="channel")
+    cfg = _config(src)
+    cfg["quantization_config"]["config_groups"]["group_0"]["input_activations"] = {
+        "num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}  # the FP8_DYNAMIC scheme
+    for runtime, warned in (("trtllm-llmapi", True), ("pytorch", False)):
+        build = _spec(tmp_path, src, runtime=runtime, target="h100")
+        build, pq = prequant.source_quantization(build, cfg, src)
+        assert prequant.runtime_problems(build, pq, cfg) == []
+        plan = compute_plan(build, get_target("h100"), cfg)
+        assert any("PR #10796" in w for w in plan.warnings) == warned
