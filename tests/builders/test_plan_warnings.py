@@ -58,6 +58,7 @@ MADE = {  # case: (config asset, target, settings, model fields)
     "trust-remote-code-no-code-cpu": ("smollm2-135m", "cpu", {"runtime": "pytorch"}, {"trust_remote_code": True}),
     "trust-remote-code-phi3-cpu": ("phi-3-mini", "cpu", {"runtime": "pytorch"}, {"trust_remote_code": True}),
     "remote-code-not-run-phi3-h100": ("phi-3-mini", "h100", {"runtime": "trtllm"}, {}),
+    "compressed-tensors-llmapi-h100": ("llama-3.1-8b-fp8-dynamic", "h100", {"runtime": "trtllm-llmapi"}, {}),
     "lora-slots-llama3-h100": ("llama-3-8b", "h100", {"runtime": "trtllm", "lora": {
         "adapters": {f"a{i}": f"/adapters/a{i}" for i in range(6)}, "max_loras": 4, "max_cpu_loras": 5}}, {}),
 }
