@@ -328,6 +328,8 @@ class Plan(_Frozen):
     dtype: str
     quant_algo: str
     trtllm_quant_algo: Optional[str]
+    """TensorRT-LLM's QuantAlgo of the weights: the recipe's, or a pre-quantized source's own (AutoAWQ and AutoGPTQ
+    are W4A16_GPTQ: INT4 with zero points)."""
     kv_cache_quant_algo: Optional[str]
     tp_size: int
     pp_size: int
@@ -667,7 +669,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     code = source_code(build, hf_config)
     plan = Plan(build=build.name, target=target.name, runtime=s.runtime, dtype=s.dtype, quant_algo=q.quant_algo,
                 tensorrt_llm_versions=build.runtime.tensorrt_llm_versions,
-                trtllm_quant_algo=build.recipe.quant_algo, kv_cache_quant_algo=q.kv_cache_quant_algo,
+                trtllm_quant_algo=pq.quant_algo if pq else build.recipe.quant_algo,
+                kv_cache_quant_algo=q.kv_cache_quant_algo,
                 tp_size=par.tp_size, pp_size=par.pp_size, world_size=par.world_size, serving_tp=tp, serving_pp=pp,
                 gpus_available=gpn * par.num_nodes if target.kind == "gpu" else 1, target_sm=target.sm,
                 target_memory_gib=target.memory_gib, model=shape, vocab_padded=vocab_padded,

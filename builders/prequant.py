@@ -87,6 +87,11 @@ class Prequantized:
         out["recipes"] = list(self.recipes)
         return out
 
+    @classmethod
+    def from_record(cls, record: dict) -> "Prequantized":
+        """The inverse of :meth:`record` (plan.json's ``source_quantization``)."""
+        return cls(**{**record, "recipes": tuple(record["recipes"])})
+
     quantized = True
 
     def linear_bytes(self, n_in: int, n_out: int, group_size: int, dtype_bytes: int) -> tuple[int, int]:
@@ -116,7 +121,7 @@ class Prequantized:
                                            else 0)
 
     def describe(self) -> str:
-        """One phrase: ``AutoGPTQ INT4 (group 128, desc_act false)``."""
+        """One phrase: ``AutoGPTQ W4A16_GPTQ (group 128, desc_act false, sym true)``."""
         names = {"modelopt": "ModelOpt", "compressed-tensors": "compressed-tensors", "awq": "AutoAWQ",
                  "gptq": "AutoGPTQ"}
         bits = [f"group {self.group_size}"] if self.group_size else []
@@ -229,7 +234,9 @@ def _awq(qc: dict, where: str) -> Prequantized:
     if bits != 4 or version != "gemm":
         raise _problem(where, f"AutoAWQ checkpoint with bits {bits}, version {version!r}: trtpipe reads 4-bit GEMM "
                        "checkpoints (version \"gemm\", AutoAWQ's default)", UNQUANTIZED_FIX)
-    return Prequantized("awq", "W4A16_AWQ", _known(("int4_awq",)),
+    # TensorRT-LLM's name for asymmetric INT4 with zero points: AutoAWQ loads as W4A16_GPTQ with use_autoawq
+    # (tests/facts/trtllm_1_2_1/prequantized.json engine_path.hf_quantization_config_route)
+    return Prequantized("awq", "W4A16_GPTQ", _known(("int4_awq",)),
                         group_size=int(qc.get("group_size", qc.get("q_group_size", 128))),
                         detail={"zero_point": bool(qc.get("zero_point", True)), "version": version,
                                 **({"modules_to_not_convert": qc["modules_to_not_convert"]}

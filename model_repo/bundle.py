@@ -239,7 +239,7 @@ def write_bundle(tmp: Path, final: Path, *, build, target, plan: Plan, ckpt_dir:
         decoder = build.model.decoder_type or architecture(plan.model.architecture).decoder_type
         par = build.settings.parallelism
         prequant_trtllm.write_program(tmp, prequant_trtllm.convert_spec(
-            Prequantized(**{**sq, "recipes": tuple(sq["recipes"])}), decoder_type=decoder, dtype=build.settings.dtype,
+            Prequantized.from_record(sq), decoder_type=decoder, dtype=build.settings.dtype,
             tp_size=par.tp_size, pp_size=par.pp_size))
     method = _link_tree(ckpt_dir, tmp / ("source" if convert else "checkpoint"))
     copy_tokenizer(hf_dir, tmp / "tokenizer")

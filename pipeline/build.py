@@ -249,7 +249,7 @@ def _convert_prequantized(ctx: BuildContext) -> StageResult:
     from builders.prequant import Prequantized
 
     build, sq = ctx.build, ctx.plan.source_quantization
-    pq = Prequantized(**{**sq, "recipes": tuple(sq["recipes"])})
+    pq = Prequantized.from_record(sq)
     decoder_type = build.model.decoder_type or architecture(ctx.plan.model.architecture).decoder_type
     par = build.settings.parallelism
     spec = prequant_trtllm.convert_spec(pq, decoder_type=decoder_type, dtype=build.settings.dtype,

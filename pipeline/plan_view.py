@@ -35,7 +35,7 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                                 else f"{plan.checkpoint_format or 'none (refused)'}")
                                + (f", moe_tp_size {plan.moe_tp_size} x moe_ep_size {plan.moe_ep_size}"
                                   if plan.model.is_moe else ""))
-    head.add_row("quantization", (f"{Prequantized(**{**sq, 'recipes': tuple(sq['recipes'])}).describe()} from "
+    head.add_row("quantization", (f"{Prequantized.from_record(sq).describe()} from "
                                   f"model.source's {sq['declared_in']}, planned as {plan.quant_algo}" if sq else
                                   f"{plan.quant_algo} ({plan.trtllm_quant_algo or 'unquantized'})")
                                  + f", KV cache {plan.kv_cache_quant_algo or plan.dtype}, dtype {plan.dtype}")

@@ -43,7 +43,7 @@ def formats(tmp_path_factory):
 # ---------------------------------------------------------------------------------------------------- detection
 
 @pytest.mark.parametrize("name, method, algo, recipe, group", [
-    ("awq", "awq", "W4A16_AWQ", "int4_awq", 32),
+    ("awq", "awq", "W4A16_GPTQ", "int4_awq", 32),  # TensorRT-LLM's name for INT4 with zero points
     ("gptq", "gptq", "W4A16_GPTQ", None, 32),
     ("fp8_tensor", "compressed-tensors", "FP8", "fp8", None),
     ("fp8_channel", "compressed-tensors", "FP8_PER_CHANNEL_PER_TOKEN", "fp8", None),
@@ -97,7 +97,7 @@ def test_awq_reads_back_as_compressed_tensors_and_transformers_read_it(formats, 
     from transformers.utils.quantization_config import CompressedTensorsConfig
 
     ours, info = read_checkpoint(formats["awq"])
-    assert info.quant_algo == "W4A16_AWQ" and info.format == "hf_awq"
+    assert info.quant_algo == "W4A16_GPTQ" and info.format == "hf_awq"
     convert_checkpoint(formats["awq"], tmp_path / "ct", AutoAWQConverter.from_pretrained(str(formats["awq"])),
                        max_workers=1, device="cpu")
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "ct", dtype=torch.float32,
@@ -223,7 +223,7 @@ def test_a_build_file_asking_another_recipe_is_refused_naming_both(formats, tmp_
     assert set(codes) == {"prequant_recipe", "prequant_group_size"}
     p = codes["prequant_recipe"]
     assert p.field == "quantization.quant_algo" and p.value == "fp8"
-    assert "AutoAWQ W4A16_AWQ" in p.rule and "int4_awq" in p.fix and "unquantized model" in p.fix
+    assert "AutoAWQ W4A16_GPTQ" in p.rule and "int4_awq" in p.fix and "unquantized model" in p.fix
     assert "32" in codes["prequant_group_size"].rule
 
 
