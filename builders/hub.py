@@ -38,8 +38,10 @@ name would read as a local folder), plus ``validate_repo_id``'s rules: no ``--``
 
 NEEDED_FILES = ("config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
                 "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json", "added_tokens.json",
-                "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json")
-"""Top-level files a build reads beside the weights (builders.model_fetch.copy_tokenizer, the loaders)."""
+                "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "hf_quant_config.json")
+"""Top-level files a build reads beside the weights (builders.model_fetch.copy_tokenizer, the loaders;
+``hf_quant_config.json``: a ModelOpt-quantized checkpoint's recipe, the one file TensorRT-LLM 1.2.1 reads it from,
+builders.prequant)."""
 NEEDED_PATTERNS = ("*.safetensors", "*.py")
 """Top-level weights (safetensors only) and the checkpoint's own code (``auto_map``; it runs only with
 ``model.trust_remote_code: true``)."""

@@ -121,6 +121,10 @@ def test_plan_fetches_config_json_alone(server, tmp_path, tiny_files):
 
 
 def test_download_fetches_only_what_a_build_needs(server, tiny_files):
+    tiny_files["hf_quant_config.json"] = b'{"producer": {"name": "modelopt"}}'  # a ModelOpt checkpoint's recipe
+    server.add(Repo("org/tiny-q")).commit(tiny_files)
+    assert "hf_quant_config.json" in os.listdir(resolve_source("org/tiny-q", progress=False))
+    del tiny_files["hf_quant_config.json"]
     folder = resolve_source("org/tiny", progress=False)
     got = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     assert got == sorted(f for f in tiny_files if "/" not in f and not f.endswith((".bin", ".md", ".gitattributes")))
