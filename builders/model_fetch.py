@@ -231,7 +231,13 @@ def resolve_source(source: str, revision: str | None = None, *, progress: bool =
     from builders import hub
 
     if hub.is_hub_source(source):
-        path = hub.download(source, revision, progress=progress)
+        try:
+            path = hub.download(source, revision, progress=progress)
+        except SpecError as exc:  # the hub's errors name model.source: name the field this source came from
+            if field == "model.source":
+                raise
+            raise SpecError([Problem(field if p.field == "model.source" else p.field, p.value, p.rule, p.fix, p.code)
+                             for p in exc.problems]) from exc
         check_hf_folder(path, field)
         return path
     path = Path(source)

@@ -649,13 +649,16 @@ def make_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *, i
     Raises:
         SpecError: every problem at once.
     """
-    from builders.prequant import runtime_problems, source_quantization
+    from builders.prequant import adopt, detect, runtime_problems, source_quantization
 
     try:  # a pre-quantized source: the build takes its quantization (or disagrees with it)
         build, pq = source_quantization(build, hf_config, hf_dir)
         problems = []
-    except SpecError as exc:
-        pq, problems = None, list(exc.problems)
+    except SpecError as exc:  # reported; the other rules judge the checkpoint's own quantization
+        problems = list(exc.problems)
+        pq = detect(hf_config, hf_dir) if not any(p.code == "prequant_format" for p in problems) else None
+        if pq is not None:
+            build = adopt(build, pq)
     problems += [] if spec_checked else spec_problems(build, target, _arch_of(hf_config))
     problems += runtime_problems(build, pq, hf_config)
     problems += remote_code_problems(build, hf_config)

@@ -100,8 +100,9 @@ class Prequantized:
 
         AutoAWQ/AutoGPTQ (W4A16_GPTQ): 0.5 B/param + a 16-bit scale and a 16-bit zero per group of ``group_size``
         inputs per output (``weights_scaling_factor``, ``zero``: TensorRT-LLM's checkpoint format). compressed-tensors
-        FP8: 1 B/param + FP32 ``weight_scale`` per tensor, per output channel or per block. ModelOpt: its recipe's
-        layout (plugins.recipes)."""
+        FP8: 1 B/param + a ``weight_scale`` per tensor, per output channel or per block, in the model's dtype (as
+        compressed-tensors 0.20 writes it; tests/facts/quantized_formats.json). ModelOpt: its recipe's layout
+        (plugins.recipes)."""
         from plugins.recipes import QUANT_RECIPES
 
         if self.method == "modelopt":
@@ -117,8 +118,8 @@ class Prequantized:
             scales = -(-n_out // b0) * -(-n_in // b1)
         else:
             scales = 1
-        return n_in * n_out, 4 * scales + (4 if (self.detail.get("input_activations") or {}).get("dynamic") is False
-                                           else 0)
+        static_input = (self.detail.get("input_activations") or {}).get("dynamic") is False
+        return n_in * n_out, (scales + (1 if static_input else 0)) * dtype_bytes
 
     def describe(self) -> str:
         """One phrase: ``AutoGPTQ W4A16_GPTQ (group 128, desc_act false, sym true)``."""
@@ -461,19 +462,31 @@ def source_quantization(build, hf_config: dict | None, folder: Path | str | None
                                 f"remove quantization.group_size or set it to {pq.group_size}",
                                 code="prequant_group_size"))
     if "kv_cache_quant_algo" in written and q.kv_cache_quant_algo != pq.kv_cache_quant_algo:
-        problems.append(Problem(build.where("quantization.kv_cache_quant_algo"), q.kv_cache_quant_algo,
-                                f"the pre-quantized checkpoint's KV cache is {pq.kv_cache_quant_algo or 'unquantized'} "
-                                f"({where}): its KV-cache scales come from its producer's calibration",
-                                f"remove quantization.kv_cache_quant_algo or set it to {pq.kv_cache_quant_algo}",
+        rule = (f"the pre-quantized checkpoint's KV cache is {pq.kv_cache_quant_algo} ({where}), with the KV-cache "
+                "scales its producer calibrated" if pq.kv_cache_quant_algo else
+                f"the pre-quantized checkpoint has no KV-cache scales ({where}): its KV cache is the model dtype")
+        problems.append(Problem(build.where("quantization.kv_cache_quant_algo"), q.kv_cache_quant_algo, rule,
+                                "remove quantization.kv_cache_quant_algo" + (f" or set it to {pq.kv_cache_quant_algo}"
+                                                                            if pq.kv_cache_quant_algo else ""),
                                 code="prequant_kv_cache"))
     if problems:
         raise SpecError(problems, build.spec_path)
-    update = {"quant_algo": q.quant_algo if "quant_algo" in written else pq.recipe,
+    return adopt(build, pq), pq
+
+
+def adopt(build, pq: Prequantized):
+    """``build`` with ``pq``'s quantization (its recipe unless the build file names another of its recipes, its group
+    size, its KV-cache quantization), whatever the build file says otherwise: what the other rules judge once the
+    disagreements are reported (builders.preflight.make_plan), so they do not add problems of a recipe that will not
+    be built."""
+    q = build.settings.quantization
+    written = q.model_fields_set
+    update = {"quant_algo": q.quant_algo if "quant_algo" in written and q.quant_algo in pq.recipes else pq.recipe,
               "kv_cache_quant_algo": pq.kv_cache_quant_algo}
     if pq.group_size:
         update["group_size"] = pq.group_size
     settings = build.settings.model_copy(update={"quantization": q.model_copy(update=update)})
-    return build.model_copy(update={"settings": settings}), pq
+    return build.model_copy(update={"settings": settings})
 
 
 LLMAPI_MODELOPT = (None, "FP8", "NVFP4", "W4A16_AWQ", "W4A8_AWQ")

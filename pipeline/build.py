@@ -112,10 +112,10 @@ def run_build(build: ResolvedBuild, *, out_root: Path | None = None, variant: st
         hf_dir = model_fetch.resolve_source(build.model.source, build.model.revision, progress=progress)
         hf_config = read_hf_config(hf_dir)
         build, source_quant = prequant.source_quantization(build, hf_config, hf_dir)
-        if source_quant is not None and build.model.reference:  # fetched (and checked) before any stage runs
-            model_fetch.resolve_source(build.model.reference, field="model.reference", progress=progress)
         # with the folder: a checkpoint missing tensors its config.json implies is refused here, not quantized
         plan = preflight.make_plan(build, target, hf_config, spec_checked=True, hf_dir=hf_dir)
+        if source_quant is not None and build.model.reference:  # fetched once the rules pass, before any stage
+            model_fetch.resolve_source(build.model.reference, field="model.reference", progress=progress)
     # one build at a time per output folder (a second one waits); a full disk is reported with its path and fix
     with write_failures_reported(out, "the build"), build_lock(out):
         versions = library_versions()

@@ -307,6 +307,9 @@ def _plan_inputs(args):
     preflight.check(build, target, local)
     if hf_config is None:
         hf_config = local if is_hub_source(build.model.source) else read_hf_config(resolve_source(build.model.source))
+    from builders.prequant import source_quantization
+
+    build, _ = source_quantization(build, hf_config)  # a pre-quantized source's recipe is what plan and tune see
     return build, target, hf_config
 
 

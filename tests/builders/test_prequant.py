@@ -377,7 +377,7 @@ def test_the_plan_counts_the_checkpoints_own_bytes(formats, tmp_path):
     modelopt = 2 * sum(QUANT_RECIPES["int4_awq"].linear_bytes(i, o, 32, 2)[1] for i, o in shards)
     assert modelopt != scales  # the recipe's layout would have planned other bytes
     fp8 = plan("fp8_channel", "trtllm-llmapi")
-    assert fp8.memory.weights_breakdown["scales"] == 2 * sum(4 * o for _, o in shards)
+    assert fp8.memory.weights_breakdown["scales"] == 2 * sum(2 * o for _, o in shards)  # float16 scales
 
 
 def test_a_modelopt_folder_with_hf_quant_config_only_is_recognised_at_plan_time(tmp_path):
@@ -415,3 +415,48 @@ def test_the_plan_warns_that_compressed_tensors_needs_tensorrt_llm_1_4(tmp_path)
         assert prequant.runtime_problems(build, pq, cfg) == []
         plan = compute_plan(build, get_target("h100"), cfg)
         assert any("PR #10796" in w for w in plan.warnings) == warned
+
+
+def test_a_refused_recipe_brings_no_problems_of_its_own(formats, tmp_path):
+    """Asking int4_awq of an FP8 checkpoint is one problem (prequant_recipe), not also the default group size's
+    divisibility rule of a recipe that will not be built; the plan's prediction uses the checkpoint's recipe."""
+    from builders import preflight
+    from plugins.targets import get_target
+
+    src = formats["fp8_channel"]
+    build = _spec(tmp_path, src, "quantization: {quant_algo: int4_awq}")
+    with pytest.raises(SpecError) as err:
+        preflight.make_plan(build, get_target("cpu"), _config(src))
+    assert [p.code for p in err.value.problems] == ["prequant_recipe"]
+    plan = preflight.make_plan(_spec(tmp_path, src), get_target("cpu"), _config(src))
+    assert plan.quant_algo == "fp8" and plan.trtllm_quant_algo == "FP8_PER_CHANNEL_PER_TOKEN"
+
+
+def test_a_reference_error_names_model_reference(tmp_path, monkeypatch):
+    """A hub reference that cannot be fetched is model.reference's problem, not model.source's."""
+    from builders.model_fetch import resolve_source
+    from tests.builders.test_hub import use_hub
+    from tests.hub_double import HubDouble
+
+    with HubDouble() as double:
+        use_hub(monkeypatch, tmp_path / "hf", double.url)
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(SpecError) as err:
+            resolve_source("org/missing", field="model.reference", progress=False)
+    assert err.value.fields() == ["model.reference"] and err.value.codes() == ["hub_not_found"]
+
+
+def test_the_rules_refuse_before_the_reference_is_fetched(tmp_path, monkeypatch):
+    """A build the rules refuse does not download model.reference first (a hub reference here: the hub cannot be
+    reached, so fetching it would fail with the hub's error instead of the rule's)."""
+    from pipeline.build import run_build
+
+    from tests.conftest import smollm2_tokenizer_dir
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    src = write_compressed_fp8(_model(), tmp_path / "fp8", strategy="tensor", tokenizer_src=smollm2_tokenizer_dir())
+    build = _spec(tmp_path, src, runtime="trtllm", target="h100")
+    build = build.model_copy(update={"model": build.model.model_copy(update={"reference": "org/unreachable"})})
+    with pytest.raises(SpecError) as err:
+        run_build(build, out_root=tmp_path / "out", progress=False)
+    assert "prequant_runtime" in err.value.codes() and not any(c.startswith("hub_") for c in err.value.codes())
