@@ -69,14 +69,27 @@ class ServerConfig:
         return f"{self.address}:{self.grpc_port}"
 
 
+CHECKOUT_TRITON = Path(__file__).resolve().parents[1] / ".triton" / "pytriton" / "tritonserver"
+"""Where ``make setup`` put tritonserver in the checkout this trtpipe runs from (found there when trtpipe runs from
+another directory, as the build's own ``next:`` line suggests)."""
+
+
 def tritonserver_binary() -> Path:
-    """Path of the tritonserver executable; raises ServerError with the install command when absent."""
+    """Path of the tritonserver executable: ``$TRTPIPE_TRITONSERVER``, else under :data:`TRITON_HOME`, else under the
+    checkout's ``.triton/`` (:data:`CHECKOUT_TRITON`); raises ServerError with the install command when absent."""
     env = os.environ.get("TRTPIPE_TRITONSERVER")
-    path = Path(env) if env else TRITON_HOME / "bin" / "tritonserver"
-    if not path.is_file():
-        raise ServerError(f"tritonserver not found at {path}: run `make setup` (installs nvidia-pytriton==0.7.0 "
-                          "with --no-deps into .triton/) or set TRTPIPE_TRITONSERVER")
-    return path
+    if env:
+        candidates = [Path(env)]
+    else:
+        candidates = [TRITON_HOME / "bin" / "tritonserver"]
+        if not os.environ.get("TRTPIPE_TRITON_HOME"):
+            candidates.append(CHECKOUT_TRITON / "bin" / "tritonserver")
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise ServerError(f"tritonserver not found at {' or '.join(map(str, dict.fromkeys(candidates)))}: run `make "
+                      "setup` in the trtpipe checkout (installs nvidia-pytriton==0.7.0 with --no-deps into .triton/), "
+                      "or set TRTPIPE_TRITONSERVER to the binary")
 
 
 def ensure_python_stub(backends: Path) -> None:
