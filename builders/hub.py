@@ -74,6 +74,8 @@ def _hf():
     import huggingface_hub.file_download
     import huggingface_hub.utils
 
+    # its logger prints its own warnings (retries) through its own handler: not again through the root's
+    huggingface_hub.utils.logging.disable_propagation()
     return huggingface_hub
 
 
