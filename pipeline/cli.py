@@ -817,6 +817,28 @@ def _positive(text: str) -> int:
     return value
 
 
+def cmd_eval(args) -> int:
+    """``trtpipe eval``: pipeline.evaluate.run_eval on the build's served endpoint (or --url)."""
+    from pipeline.evaluate import EvalError, default_url, run_eval, table
+
+    build = _resolve(args)
+    out = _folder(args, build)
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise EvalError("--tasks names no task: pass e.g. --tasks trtpipe_mc,trtpipe_gen", "unknown_task")
+    url = args.url or default_url(out / "server.json", _same_build(args, "serve"))
+    engine = out / "engine"
+    tokenizer = engine if (engine / "tokenizer_config.json").is_file() else None
+    run_dir, report = run_eval(out=out, tasks=tasks, url=url, tokenizer=tokenizer, model=args.model,
+                               include=args.include_path, limit=args.limit, num_concurrent=args.num_concurrent,
+                               max_retries=args.max_retries, offline=args.offline)
+    print(f"\nlm-eval {report['lm_eval_version']} on {report['model']} at {report['url']} "
+          f"({report['wall_s']:.1f} s)")
+    print(table(report))
+    print(f"report: {run_dir / 'report.json'}")
+    return 0
+
+
 def _positive_float(text: str) -> float:
     """argparse type: a number > 0 (milliseconds)."""
     try:
@@ -969,6 +991,31 @@ def make_parser() -> argparse.ArgumentParser:
     qx.add_argument("--regex", default=None, metavar="PATTERN",
                     help="constrain the answer to this regular expression (checked with Python's re.fullmatch)")
     q.set_defaults(func=cmd_query)
+
+    ev = sub.add_parser("eval", help="score the served build with lm-evaluation-harness tasks (mmlu, gsm8k, ... or "
+                                     "the shipped trtpipe_mc, trtpipe_gen) through its OpenAI endpoint",
+                        description="Run lm-evaluation-harness (pinned, .lmeval/) against an OpenAI-compatible "
+                                    "server, by default this build's `trtpipe serve` frontend: local-completions for "
+                                    "log-likelihood tasks, local-chat-completions with the chat template for "
+                                    "generate_until ones. Writes lm-eval's output, report.json and report.md to "
+                                    "build/<name>/<target>/eval/<timestamp>/ and prints the table; the build itself "
+                                    "is not changed.")
+    _add_build_args(ev)
+    ev.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names "
+                    "(trtpipe_mc and trtpipe_gen ship with trtpipe and need no download)")
+    ev.add_argument("--url", default=None, help="an OpenAI-compatible server, http://HOST:PORT (default: the "
+                                                "OpenAI frontend `trtpipe serve` started for this build)")
+    ev.add_argument("--model", default=None, help="the model name sent (default: the first /v1/models lists)")
+    ev.add_argument("--limit", type=float, default=None, help="lm-eval's --limit: at most N items per task "
+                                                              "(a fraction when < 1)")
+    ev.add_argument("--num-concurrent", type=_positive, default=1, help="requests in flight (lm-eval's "
+                                                                        "num_concurrent; default 1)")
+    ev.add_argument("--max-retries", type=int, default=3, help="lm-eval's max_retries per request (default 3)")
+    ev.add_argument("--include-path", type=Path, action="append", default=[], metavar="DIR",
+                    help="a folder of extra lm-eval task YAMLs (repeatable)")
+    ev.add_argument("--offline", action="store_true", help="no downloads (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE): "
+                                                           "datasets must be cached or local")
+    ev.set_defaults(func=cmd_eval)
 
     s = sub.add_parser("schema", help="print the JSON Schema of build files (for editor completion)")
     s.add_argument("-o", "--output", default=None, help="write to this file instead of stdout")
