@@ -239,9 +239,13 @@ def run_eval(*, out: Path, tasks: list[str], url: str, tokenizer: Path | None, m
     if shipped:
         include = [materialize_shipped(run_dir / "tasks"), *include]
     offline = offline or bool(shipped)
-    plan = probe_tasks(lm_eval, tasks, include)
     cwd = Path.cwd()
-    check_local_data(plan, cwd)
+    try:
+        plan = probe_tasks(lm_eval, tasks, include)
+        check_local_data(plan, cwd)
+    except EvalError:  # nothing ran: no run folder is left behind
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     groups: dict[str, list[str]] = {}
     for t in tasks:
         kind = model_kind(plan.kinds[t])
