@@ -11,6 +11,8 @@ So each of ours watches for itself:
   (their stubs) and by the engine worker (its stub).
 - :func:`watch_pid`: for a process that is not our parent (the frontend's tritonserver): gone when
   ``/proc/<pid>/stat`` is absent, says zombie (``Z``) or dead (``X``), or shows another start time (a reused pid).
+- :func:`end_stub_with_server`: the engine worker also watches its stub's parent, and kills a stub that outlived
+  tritonserver (seen: a stub whose threads were all blocked never ran its own watch).
 
 Not ``prctl(PR_SET_PDEATHSIG)``: its signal comes when the *thread* that forked the process ends (prctl(2)), and
 neither the tritonserver thread that forks a stub nor the stub thread that runs ``initialize()`` (which starts the
@@ -105,6 +107,31 @@ def watch_pid(pid: int, what: str, *, on_gone=None, exit_code: int = 1, period_s
     return _watch(lambda: start_time(pid) != started, why, on_gone, exit_code, period_s, grace_s,
                   "trtpipe-pid-watch")
 
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid`` (field 4 of ``/proc/<pid>/stat``), or None when /proc cannot say."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def end_stub_with_server(stub: int, what: str, *, period_s: float = PERIOD_S) -> threading.Thread | None:
+    """From a process a stub started (the engine worker): once the stub's parent, tritonserver, has exited (gone or a
+    zombie: :func:`watch_pid`), SIGKILL the stub, then exit. The stub's own :func:`watch_parent` thread does this
+    when it can run; a stub whose threads are all blocked (a Python-backend call into a dead server that holds the
+    GIL) never runs it, and would keep itself and this process alive. None when the stub's parent is not known or
+    already gone (the stub's own check and :func:`watch_parent` in this process then end them)."""
+    server = parent_of(stub)
+    if server is None or server <= 1:
+        return None
+    try:
+        return watch_pid(server, f"tritonserver of {what}", period_s=period_s,
+                         on_gone=lambda: os.kill(stub, signal.SIGKILL))
+    except (ValueError, ProcessLookupError):
+        return None
 
 
 DRAIN_NAME = "trtpipe-drain"

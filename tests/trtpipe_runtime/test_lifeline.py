@@ -154,3 +154,37 @@ def test_a_drain_nobody_watches_returns_at_once_and_one_unanswered_waits_no_long
     assert lifeline.drain(os.getpid(), timeout_s=0.2) is False
     lifeline.drain_done(os.getpid())
     assert not list(tmp_path.iterdir())
+
+
+WORKER = ("import os, time; from trtpipe_runtime.lifeline import end_stub_with_server; "
+          "assert end_stub_with_server(os.getppid(), 'the test stub') is not None; time.sleep(600)")
+# a stub that never runs a watch of its own (as one whose threads are all blocked), with an engine worker
+WEDGED_STUB = ("import os, subprocess, sys, time\n"
+               f"w = subprocess.Popen([sys.executable, '-c', {WORKER!r}])\n"
+               "time.sleep(2)\n"
+               "os.write(1, f'ready {w.pid}\\n'.encode())\n"
+               "time.sleep(600)\n")
+
+
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_the_engine_worker_ends_a_wedged_stub_once_tritonserver_is_gone(reaped):
+    """The stub (a child of the 'server') runs no watch; its worker's end_stub_with_server kills it, and itself, once
+    the server is killed; a stub of the same server without such a worker runs on (control)."""
+    server = subprocess.Popen([sys.executable, "-c", MIDDLE, WEDGED_STUB, PLAIN], stdout=subprocess.PIPE, text=True,
+                              env=_env())
+    stub = plain = worker = None
+    try:
+        stub, plain = (int(p) for p in server.stdout.readline().split())
+        lines = [server.stdout.readline().strip() for _ in range(2)]
+        worker = int(next(line for line in lines if line.startswith("ready ")).split()[1])
+        assert _alive(worker) and _alive(stub)
+        os.kill(server.pid, signal.SIGKILL)
+        if reaped:
+            server.wait(10)
+        gone, _ = psutil.wait_procs([psutil.Process(stub), psutil.Process(worker)], timeout=DEADLINE_S)
+        assert len(gone) == 2, f"the stub or its worker outlived the server by {DEADLINE_S:.0f} s"
+        assert _alive(plain), "control: a stub without such a worker runs on after the server's death"
+    finally:
+        _kill(*(p for p in (stub, plain, worker) if p))
+        server.kill()
+        server.wait(10)

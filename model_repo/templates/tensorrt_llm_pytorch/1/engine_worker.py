@@ -265,9 +265,11 @@ def main(fd, parent=None):
     """Serve the stub on socket ``fd``; ``parent``: the stub's pid (this process ends once it has exited)."""
     from multiprocessing.connection import Connection
 
-    from trtpipe_runtime.lifeline import watch_parent
+    from trtpipe_runtime.lifeline import end_stub_with_server, watch_parent
 
     watch_parent("the engine worker", parent=parent)
+    # a stub wedged after tritonserver's death cannot run its own watch: this process ends it (and itself)
+    end_stub_with_server(parent if parent is not None else _os.getppid(), "the engine worker's stub")
     Worker(Connection(fd)).run()
 
 
