@@ -259,14 +259,20 @@ def local_hf_config(source: str, revision: str | None = None) -> dict | None:
 
     if hub.is_hub_source(source):
         return hub.fetch_config(source, revision)
-    path = Path(source) / "config.json"
+    return folder_config(source)
+
+
+def folder_config(folder: Path | str) -> dict | None:
+    """A local folder's config.json as a dict, ``_name_or_path`` set to the folder when it names none; None when the
+    file is absent or unreadable."""
+    path = Path(folder) / "config.json"
     if not path.is_file():
         return None
     try:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    cfg.setdefault("_name_or_path", source)
+    cfg.setdefault("_name_or_path", str(folder))
     return cfg
 
 

@@ -266,15 +266,10 @@ def _known(recipes: tuple[str, ...]) -> tuple[str, ...]:
 
 def detect_folder(folder: Path | str) -> Prequantized | None:
     """:func:`detect` on ``folder``'s config.json and hf_quant_config.json (None without a config.json)."""
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        return None
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    cfg.setdefault("_name_or_path", str(folder))
-    return detect(cfg, folder)
+    from builders.model_fetch import folder_config
+
+    cfg = folder_config(folder)
+    return detect(cfg, folder) if cfg is not None else None
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -61,16 +61,21 @@ def built_default():
 @pytest.fixture(scope="session")
 def default_server(built_default, tmp_path_factory):
     """A real tritonserver on the default build's repository (free ports, 127.0.0.1)."""
+    server = start_server(built_default / "model_repo", tmp_path_factory.mktemp("server"))
+    yield server
+    server.stop()
+
+
+def start_server(model_repo: Path, log_dir: Path):
+    """A started real tritonserver on ``model_repo`` (free ports, 127.0.0.1, its log in ``log_dir``); the caller
+    stops it."""
     from model_repo.generate import default_sys_path
     from pipeline.serve import ServerConfig, TritonServer, free_ports
 
     http, grpc, metrics = free_ports(3)
-    cfg = ServerConfig(model_repository=built_default / "model_repo", http_port=http, grpc_port=grpc,
-                       metrics_port=metrics, log_file=tmp_path_factory.mktemp("server") / "tritonserver.log",
-                       ready_timeout_s=300, python_path=default_sys_path())
-    server = TritonServer(cfg).start()
-    yield server
-    server.stop()
+    cfg = ServerConfig(model_repository=model_repo, http_port=http, grpc_port=grpc, metrics_port=metrics,
+                       log_file=log_dir / "tritonserver.log", ready_timeout_s=300, python_path=default_sys_path())
+    return TritonServer(cfg).start()
 
 
 def smollm2_tokenizer_dir() -> Path:
@@ -166,14 +171,7 @@ def lora_build(tmp_path_factory):
 @pytest.fixture(scope="session")
 def lora_server(lora_build, tmp_path_factory):
     """A real tritonserver on the LoRA build's repository (free ports, 127.0.0.1)."""
-    from model_repo.generate import default_sys_path
-    from pipeline.serve import ServerConfig, TritonServer, free_ports
-
-    http, grpc, metrics = free_ports(3)
-    cfg = ServerConfig(model_repository=lora_build[1] / "model_repo", http_port=http, grpc_port=grpc,
-                       metrics_port=metrics, log_file=tmp_path_factory.mktemp("lora-server") / "tritonserver.log",
-                       ready_timeout_s=300, python_path=default_sys_path())
-    server = TritonServer(cfg).start()
+    server = start_server(lora_build[1] / "model_repo", tmp_path_factory.mktemp("lora-server"))
     yield server
     server.stop()
 

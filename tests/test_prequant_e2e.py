@@ -20,7 +20,7 @@ from builders.spec import load_spec
 from pipeline.build import run_build
 from plugins.errors import SpecError
 from tests.bad_input import Server, send
-from tests.conftest import smollm2_tokenizer_dir, tiny_llama_model, write_spec
+from tests.conftest import smollm2_tokenizer_dir, start_server, tiny_llama_model, write_spec
 from tests.prequant_formats import copy_tokenizer, write_awq, write_compressed_fp8
 
 MAX_TOKENS = 12
@@ -67,14 +67,7 @@ def test_a_prequantized_source_skips_quantization_and_is_verified_against_its_re
 
 @pytest.fixture(scope="module")
 def fp8_server(fp8_build, tmp_path_factory):
-    from model_repo.generate import default_sys_path
-    from pipeline.serve import ServerConfig, TritonServer, free_ports
-
-    http, grpc, metrics = free_ports(3)
-    cfg = ServerConfig(model_repository=fp8_build[1] / "model_repo", http_port=http, grpc_port=grpc,
-                       metrics_port=metrics, log_file=tmp_path_factory.mktemp("fp8-server") / "tritonserver.log",
-                       ready_timeout_s=300, python_path=default_sys_path())
-    server = TritonServer(cfg).start()
+    server = start_server(fp8_build[1] / "model_repo", tmp_path_factory.mktemp("fp8-server"))
     yield server
     server.stop()
 
