@@ -13,7 +13,7 @@ PROMPT ?= What is the capital of France?
 export PROMPT  # the query recipe reads it from the environment: quotes and $ in it reach trtpipe unchanged
 MAX_TOKENS ?= 64
 MODEL  ?=
-TASKS  ?= trtpipe_mc,trtpipe_gen
+TASKS  ?= trtpipe_lastword,trtpipe_cloze
 ARGS   ?=
 
 QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)$(if $(RUNTIME), --runtime $(RUNTIME),)
@@ -29,7 +29,7 @@ help:
 	@echo "make deploy         (re)write build/<name>/<target>/deploy/ (docker compose + Kubernetes) for BUILD/TARGET"
 	@echo "make serve          start tritonserver on 127.0.0.1 with the built repository; returns when every model is READY"
 	@echo "make query          PROMPT='...' [MODEL=<LoRA adapter>]: stream a chat answer through the ensemble (gRPC)"
-	@echo "make eval           TASKS=$(TASKS) [ARGS='--limit 50 --num-concurrent 4']: lm-evaluation-harness on the served build (make serve first)"
+	@echo "make eval           TASKS=$(TASKS) [ARGS='--limit 50 --num-concurrent 4']: lm-evaluation-harness on the served build beside its source model (starts the server unless running)"
 	@echo "make loadtest       ARGS='--concurrency 1,2 --num-requests 16': load-test the ensemble (starts the server unless running)"
 	@echo "make stop           stop the server started by make serve"
 	@echo "make test           the whole test suite (builds the default once, starts real tritonserver instances)"
@@ -67,7 +67,7 @@ query: $(STAMP)
 	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) $(if $(MODEL),--model $(MODEL),) "$$PROMPT"
 
 eval: $(STAMP)
-	$(TRTPIPE) eval $(BUILD) --target $(TARGET) $(QUANT_ARG) --tasks $(TASKS) $(ARGS)
+	$(TRTPIPE) eval $(BUILD) --target $(TARGET) $(QUANT_ARG) --tasks $(TASKS) --serve $(ARGS)
 
 loadtest: $(STAMP)
 	$(TRTPIPE) loadtest run $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)

@@ -37,7 +37,8 @@ STAGES = ("checkpoint", "verify", "engine", "model_repo", "bundle")
 def decides(*stages: str) -> dict:
     """``Field(...)`` keywords that declare which stages' outputs the field decides (vLLM's ``compute_hash``
     idea, declared beside the field): its value enters those stages' cache keys, so changing it reruns them.
-    Shown by ``trtpipe schema`` as ``decides``."""
+    Shown by ``trtpipe schema`` as ``decides``. ``decides()`` (no stage) keeps a field out of the key of the section
+    around it (a gate no stage applies)."""
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise ValueError(f"decides({', '.join(stages)}): unknown stage(s) {sorted(unknown)}; known: {STAGES}")
@@ -277,6 +278,10 @@ class QualityGate(_Strict):
     """Held-out evaluation sequences."""
     eval_seq_len: int = Field(256, ge=8)
     """Tokens per evaluation sequence."""
+    max_task_drop_pct: Optional[float] = Field(None, ge=0, **decides())
+    """``trtpipe eval`` fails when a task metric of the served build is worse than the source model's by more than
+    this percentage of the source's score (accuracy 0.62 -> 0.61 is 1.6%; for perplexity, its rise); null: no
+    gate. Applied by ``trtpipe eval``: no build stage reads it."""
 
 
 ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -384,7 +389,8 @@ class ResolvedBuild(BaseModel):
                 if isinstance(value, LoraConfig) and not value.adapters:
                     continue  # no adapters: the keys of a build without LoRA stay what they were before lora existed
                 if stage in extra.get("decides", ()):
-                    out[prefix + name] = value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+                    out[prefix + name] = (value.model_dump(mode="json", exclude=_deciding_nothing(type(value)))
+                                          if isinstance(value, BaseModel) else value)
                 elif isinstance(value, BaseModel):
                     walk(value, f"{prefix}{name}.")
 
@@ -395,6 +401,12 @@ class ResolvedBuild(BaseModel):
     def where(self, dotted: str) -> str:
         """The YAML field a setting came from: ``targets.<t>.<dotted>`` when the target overrides it."""
         return f"targets.{self.target}.{dotted}" if dotted in self.overridden else dotted
+
+
+def _deciding_nothing(model: type[BaseModel]) -> set[str]:
+    """The fields of ``model`` declared ``decides()``: in no stage's key."""
+    return {name for name, info in model.model_fields.items()
+            if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("decides") == []}
 
 
 _OVERRIDABLE = set(BuildSettings.model_fields)

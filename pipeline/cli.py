@@ -817,25 +817,119 @@ def _positive(text: str) -> int:
     return value
 
 
-def cmd_eval(args) -> int:
-    """``trtpipe eval``: pipeline.evaluate.run_eval on the build's served endpoint (or --url)."""
-    from pipeline.evaluate import EvalError, default_url, run_eval, table
+def _eval_source(args, build, out: Path):
+    """The source model ``trtpipe eval`` scores beside the build (pipeline.evaluate.SourceModel), or None with the
+    reason printed: ``--source DIR``; else the build's manifest: its source checkpoint, or for a pre-quantized
+    source its ``model.reference``."""
+    from pipeline.evaluate import SourceModel
 
-    build = _resolve(args)
-    out = _folder(args, build)
+    cpu = build.target == "cpu"  # the pytorch runtime serves float32 there
+    opts = {"dtype": "float32" if cpu else "auto", "batch_size": "8" if cpu else "auto",
+            "trust_remote_code": bool(build.model.trust_remote_code)}
+    if args.source:
+        folder = Path(args.source).resolve()
+        if not (folder / "config.json").is_file():
+            raise PipelineError(f"--source {args.source}: no config.json there; pass a Hugging Face checkpoint folder "
+                                "(config.json, *.safetensors, tokenizer), or --no-source")
+        return SourceModel(folder, f"path:{folder}", str(args.source), **opts)
+    manifest = out / "manifest.json"
+    if not manifest.is_file():
+        print(f"note: no source scored: {out} has no manifest.json (build it first, or pass --source DIR)")
+        return None
+    record = json.loads(manifest.read_text()).get("source_checkpoint") or {}
+    if record.get("quantization"):
+        ref = build.model.reference
+        if not ref:
+            print("note: no source scored: model.source is already quantized and model.reference names no "
+                  "unquantized model (set it, or pass --source DIR)")
+            return None
+        from builders.model_fetch import resolve_source
+
+        return SourceModel(resolve_source(ref, field="model.reference"), f"reference:{ref}", ref, **opts)
+    folder = Path(record.get("path", ""))
+    if not (folder / "config.json").is_file():
+        print(f"note: no source scored: the source checkpoint the manifest records ({folder}) is gone (rebuild, or "
+              "pass --source DIR)")
+        return None
+    return SourceModel(folder, record.get("sha256") or f"path:{folder}", build.model.source, **opts)
+
+
+def _run_cli(argv: list[str]) -> int:
+    """Another trtpipe command in this process (``eval --serve`` starts and stops servers with serve and stop)."""
+    args = make_parser().parse_args(argv)
+    return args.func(args)
+
+
+def _build_argv(args) -> list[str]:
+    """The build file, target and variant flags of ``args`` as a command line's arguments."""
+    argv = [str(args.build), "--target", args.target]
+    for flag in ("quant", "runtime", "out"):
+        if getattr(args, flag, None):
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    return argv
+
+
+def cmd_eval(args) -> int:
+    """``trtpipe eval``: pipeline.evaluate.run_eval on each build's served endpoint (or --url), beside its source
+    model; exit 1 when a build fails ``gates.max_task_drop_pct``."""
+    from pipeline.evaluate import EvalError, default_url, record_in_manifest, run_eval, side_by_side, table
+
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
-        raise EvalError("--tasks names no task: pass e.g. --tasks trtpipe_mc,trtpipe_gen", "unknown_task")
-    url = args.url or default_url(out / "server.json", _same_build(args, "serve"))
-    engine = out / "engine"
-    tokenizer = engine if (engine / "tokenizer_config.json").is_file() else None
-    run_dir, report = run_eval(out=out, tasks=tasks, url=url, tokenizer=tokenizer, model=args.model,
-                               include=args.include_path, limit=args.limit, num_concurrent=args.num_concurrent,
-                               max_retries=args.max_retries, offline=args.offline)
-    print(f"\nlm-eval {report['lm_eval_version']} on {report['model']} at {report['url']} "
-          f"({report['wall_s']:.1f} s)")
-    print(table(report))
-    print(f"report: {run_dir / 'report.json'}")
+        raise EvalError("--tasks names no task: pass e.g. --tasks trtpipe_lastword,trtpipe_cloze", "unknown_task")
+    quants = [q.strip() for q in args.quant.split(",") if q.strip()] if args.quant else [None]
+    variants = [(b, q) for b in (args.builds or [DEFAULT_BUILD]) for q in quants]
+    if args.url and len(variants) > 1:
+        raise EvalError("--url names one server and several builds were given: leave --url out (each build is "
+                        "evaluated on its own `trtpipe serve`; --serve starts each in turn)", "no_server")
+    reports, failed = [], []
+    for path, quant in variants:
+        one = argparse.Namespace(**{**vars(args), "build": path, "quant": quant})
+        build = _resolve(one)
+        out = _folder(one, build)
+        source = None if args.no_source else _eval_source(args, build, out)  # before any server starts
+        started = False
+        if args.url:
+            url = args.url
+        else:
+            try:
+                url = default_url(out / "server.json", _same_build(one, "serve"))
+            except EvalError:
+                if not args.serve:
+                    raise
+                print(f"starting {out.parent.name}/{out.name}'s server for this evaluation (--serve)")
+                if _run_cli(["serve", *_build_argv(one), "--detach"]) != 0:
+                    raise EvalError(f"`{_same_build(one, 'serve')} --detach` failed: see its output above",
+                                    "no_server") from None
+                started = True
+                url = default_url(out / "server.json", _same_build(one, "serve"))
+        engine = out / "engine"
+        tokenizer = engine if (engine / "tokenizer_config.json").is_file() else None
+        label = f"{out.parent.name}/{out.name} ({build.settings.quantization.quant_algo or build.settings.dtype})"
+        try:
+            run_dir, report = run_eval(out=out, tasks=tasks, url=url, tokenizer=tokenizer, model=args.model,
+                                       include=args.include_path, limit=args.limit,
+                                       num_concurrent=args.num_concurrent, max_retries=args.max_retries,
+                                       offline=args.offline, source=source,
+                                       max_task_drop_pct=build.settings.gates.max_task_drop_pct, label=label)
+        finally:
+            if started:
+                _run_cli(["stop", *_build_argv(one)])
+        record_in_manifest(out / "manifest.json", run_dir, report)  # with the URL it scored
+        src = report["source"]
+        print(f"\nlm-eval {report['lm_eval_version']} on {label} at {report['url']} ({report['wall_s']:.1f} s)"
+              + ("" if src is None else f"; source {src['label']} in-process"
+                 + (" (reused: scored before)" if src["reused"] else "")))
+        print(table(report))
+        print(f"report: {run_dir / 'report.json'}")
+        reports.append(report)
+        if report["gate"]["passed"] is False:
+            failed.append(label)
+    if len(reports) > 1:
+        print("\n" + side_by_side(reports))
+    if failed:
+        print(f"error: gates.max_task_drop_pct failed for {', '.join(failed)} (see the tables above)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -992,20 +1086,39 @@ def make_parser() -> argparse.ArgumentParser:
                     help="constrain the answer to this regular expression (checked with Python's re.fullmatch)")
     q.set_defaults(func=cmd_query)
 
-    ev = sub.add_parser("eval", help="score the served build with lm-evaluation-harness tasks (mmlu, gsm8k, ... or "
-                                     "the shipped trtpipe_mc, trtpipe_gen) through its OpenAI endpoint",
-                        description="Run lm-evaluation-harness (pinned, .lmeval/) against an OpenAI-compatible "
-                                    "server, by default this build's `trtpipe serve` frontend: local-completions for "
-                                    "log-likelihood tasks, local-chat-completions with the chat template for "
-                                    "generate_until ones. Writes lm-eval's output, report.json and report.md to "
-                                    "build/<name>/<target>/eval/<timestamp>/ and prints the table; the build itself "
-                                    "is not changed.")
-    _add_build_args(ev)
+    ev = sub.add_parser("eval", help="score served builds with lm-evaluation-harness tasks (mmlu, gsm8k, ... or the "
+                                     "shipped trtpipe_lastword, trtpipe_cloze) beside the source model",
+                        description="Run lm-evaluation-harness (pinned, .lmeval/) against each build's OpenAI endpoint "
+                                    "(its `trtpipe serve` frontend, or --url): local-completions for log-likelihood "
+                                    "tasks, local-chat-completions with the chat template for generate_until ones; "
+                                    "and the same tasks on the source model in-process (lm-eval's hf model, reused "
+                                    "across builds of one source). Prints per task both scores with standard "
+                                    "errors, the difference with its 95% interval and the drop in percent; fails "
+                                    "(exit 1) where it exceeds gates.max_task_drop_pct. Writes report.json and "
+                                    "report.md to build/<name>/<target>/eval/<timestamp>/ and a summary to the "
+                                    "manifest's `evaluations`; nothing else of the build changes. Several builds "
+                                    "(or --quant a,b,c) are printed side by side.",
+                        epilog="Offline, no download: trtpipe eval --tasks trtpipe_lastword,trtpipe_cloze. On a GPU "
+                               "host with network: trtpipe eval my.yaml --target h100 --tasks mmlu,gsm8k "
+                               "--num-concurrent 16.")
+    ev.add_argument("builds", nargs="*", metavar="BUILD", help=f"build YAML file(s) (default: {DEFAULT_BUILD})")
+    ev.add_argument("--target", default="cpu", help="target name: a key of `targets` in the build file and a "
+                                                    "profile in configs/targets/ (default: cpu)")
+    ev.add_argument("--quant", default=None, help="quantization.quant_algo override(s), comma-separated: the "
+                                                  "build/<name>/<target>-<quant>/ variants, evaluated in turn")
+    ev.add_argument("--runtime", default=None, help="runtime override (pytorch, trtllm, trtllm-llmapi), as built")
+    ev.add_argument("--out", type=Path, default=None, help="output root (default: build/)")
     ev.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names "
-                    "(trtpipe_mc and trtpipe_gen ship with trtpipe and need no download)")
+                    f"({', '.join(('trtpipe_lastword', 'trtpipe_cloze', 'trtpipe_mc', 'trtpipe_gen'))} ship with "
+                    "trtpipe and need no download)")
     ev.add_argument("--url", default=None, help="an OpenAI-compatible server, http://HOST:PORT (default: the "
-                                                "OpenAI frontend `trtpipe serve` started for this build)")
+                                                "OpenAI frontend `trtpipe serve` started for the build)")
+    ev.add_argument("--serve", action="store_true", help="start each build's server that is not running (`trtpipe "
+                                                         "serve --detach`) and stop it after its evaluation")
     ev.add_argument("--model", default=None, help="the model name sent (default: the first /v1/models lists)")
+    ev.add_argument("--source", default=None, metavar="DIR", help="the HF checkpoint folder to compare with "
+                    "(default: the build's source model; model.reference for a pre-quantized source)")
+    ev.add_argument("--no-source", action="store_true", help="score the build alone (no comparison, no gate)")
     ev.add_argument("--limit", type=float, default=None, help="lm-eval's --limit: at most N items per task "
                                                               "(a fraction when < 1)")
     ev.add_argument("--num-concurrent", type=_positive, default=1, help="requests in flight (lm-eval's "

@@ -74,8 +74,9 @@ echo "[setup] done: $(.venv/bin/trtpipe --version)"
 # ---- Real OpenAI-API clients for the tests (appended block) -----------------------------------------------------
 # Clients no one here wrote, against the OpenAI frontend: tests/pipeline/test_lm_eval.py and test_openai_clients.py
 # run them as their own processes, each from its own venv, pinned by tests/clients/<venv>.txt:
-#   .lmeval/   lm-evaluation-harness 0.4.13 [api], no torch (its local-completions / local-chat-completions models
-#              need only a tokenizer); own venv: it pulls numpy 2 (pandas, datasets), the project pins numpy<2;
+#   .lmeval/   lm-evaluation-harness 0.4.13 [api,hf] with torch (CPU build where available): the endpoint models need
+#              only a tokenizer, `trtpipe eval` scores the source model with its HF backend; own venv: it pulls
+#              numpy 2 (pandas, datasets), the project pins numpy<2;
 #   .clients/  langchain-openai and litellm; own venv: litellm's botocore needs python-dateutil<3 (.venv has 4.0);
 #   .aiperf/   NVIDIA AIPerf 0.13.0; own venv: it pins huggingface_hub 1.x, rich 14, psutil 7.0, numpy 2.
 # A venv is rebuilt when its pin file changes (the copy in <venv>/.installed differs). Each venv ignores itself

@@ -17,7 +17,7 @@ import pytest
 
 from pipeline.evaluate import (SHIPPED, TASKS_DIR, EvalError, TaskPlan, check_local_data, find_lm_eval,
                                materialize_shipped, model_kind, probe_tasks, served_models)
-from tests.conftest import ASSETS, REPO
+from tests.conftest import ASSETS, DEFAULT_BUILD, REPO
 
 LM_EVAL = REPO / ".lmeval" / "bin" / "lm_eval"
 needs_lm_eval = pytest.mark.skipif(not LM_EVAL.is_file(), reason=".lmeval/ missing: run `make setup`")
@@ -107,10 +107,14 @@ def test_probe_reads_output_types_from_lm_evals_index(tmp_path):
 
 
 def _digest(folder: Path) -> dict:
-    """Every file of the build folder but eval/ (and server.json, which serve owns) with its sha256."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).parts[0] != "eval"
-            and p.name != "server.json" and p.stat().st_size < 50_000_000}
+    """Every file of the build folder but eval/ (and server.json, which serve owns) with its sha256; the manifest
+    without its ``evaluations`` (what trtpipe eval appends)."""
+    out = {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+           for p in sorted(folder.rglob("*")) if p.is_file() and p.relative_to(folder).parts[0] != "eval"
+           and p.name not in ("server.json", "manifest.json") and p.stat().st_size < 50_000_000}
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest.pop("evaluations", None)
+    return {**out, "manifest.json": manifest}
 
 
 @pytest.mark.e2e
@@ -121,7 +125,8 @@ def test_trtpipe_eval_equals_lm_evals_own_run(frontend, built_default, tmp_path,
 
     before = _digest(built_default)
     url = frontend.launch.url
-    rc = main(["eval", "--tasks", "trtpipe_mc,trtpipe_gen", "--url", url, "--max-retries", "1"])
+    evaluations = len(json.loads((built_default / "manifest.json").read_text()).get("evaluations", []))
+    rc = main(["eval", "--tasks", "trtpipe_mc,trtpipe_gen", "--url", url, "--max-retries", "1", "--no-source"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "| trtpipe_mc | acc,none |" in printed and "| trtpipe_gen | exact_match,none |" in printed
@@ -129,8 +134,11 @@ def test_trtpipe_eval_equals_lm_evals_own_run(frontend, built_default, tmp_path,
     report = json.loads((run / "report.json").read_text(encoding="utf-8"))
     assert report["url"] == url and report["model"] == "smollm2-135m" and report["lm_eval_version"] == "0.4.13"
     assert report["output_types"] == {"trtpipe_mc": ["multiple_choice"], "trtpipe_gen": ["generate_until"]}
-    assert (run / "report.md").is_file() and (run / "lm_eval.log").is_file()
+    assert (run / "report.md").is_file() and (run / "build" / "lm_eval.log").is_file()
     assert _digest(built_default) == before  # the eval run never changes the build
+    recorded = json.loads((built_default / "manifest.json").read_text())["evaluations"]
+    assert len(recorded) == evaluations + 1 and recorded[-1]["run"] == str(run)
+    assert recorded[-1]["scores"]["trtpipe_mc"] == {k: m["value"] for k, m in report["metrics"]["trtpipe_mc"].items()}
 
     mc, _, _ = run_lm_eval(tmp_path / "mc", "local-completions", "completions", url, built_default / "engine",
                            "trtpipe_mc")
@@ -183,6 +191,110 @@ def test_hub_dataset_offline_is_one_clear_error(frontend, built_default, tmp_pat
     assert main(["eval", "--tasks", "gsm8k", "--url", frontend.launch.url, "--offline", "--limit", "2"]) == 2
     err = capsys.readouterr().err
     assert "gsm8k" in err and "cannot be downloaded offline" in err, err[-3000:]
+
+
+def _gated_build(tmp_path: Path, built: Path, max_drop: float) -> tuple[Path, Path]:
+    """The default build file with ``gates.max_task_drop_pct`` set, and an output root whose build folder holds the
+    default build's manifest and tokenizer (what trtpipe eval reads; the server is given with --url)."""
+    import shutil
+
+    import yaml
+
+    spec = yaml.safe_load(DEFAULT_BUILD.read_text(encoding="utf-8"))
+    spec["model"]["source"] = "embedded:smollm2-135m-instruct"
+    spec.setdefault("gates", {})["max_task_drop_pct"] = max_drop
+    path = tmp_path / "gated.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    folder = tmp_path / "out" / spec["name"] / "cpu"
+    (folder / "engine").mkdir(parents=True)
+    shutil.copy(built / "manifest.json", folder / "manifest.json")
+    for f in (built / "engine").iterdir():
+        if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "config.json", "generation_config.json"):
+            shutil.copy(f, folder / "engine" / f.name)
+    return path, tmp_path / "out"
+
+
+@pytest.fixture(scope="module")
+def damaged_frontend(built_default, tmp_path_factory):
+    """The default build's engine with noise (seeded, one standard deviation of each tensor) added to every MLP
+    weight, served by its own tritonserver and OpenAI frontend: a deliberately damaged checkpoint."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from builders.spec import load_spec
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, free_ports
+    from tests.conftest import start_server
+
+    root = tmp_path_factory.mktemp("damaged")
+    engine, repo = root / "engine", root / "model_repo"
+    shutil.copytree(built_default / "engine", engine)
+    shutil.copytree(built_default / "model_repo", repo)
+    weights = load_file(engine / "model.safetensors")
+    g = torch.Generator().manual_seed(0)
+    for name, w in weights.items():
+        if ".mlp." in name:
+            noise = torch.randn(w.shape, generator=g, dtype=torch.float32) * w.float().std()
+            weights[name] = (w.float() + noise).to(w.dtype)
+    save_file(weights, engine / "model.safetensors", metadata={"format": "pt"})
+    for cfg in repo.glob("*/config.pbtxt"):
+        cfg.write_text(cfg.read_text().replace(str(built_default / "engine"), str(engine)))
+    server = start_server(repo, root)
+    launch = frontend_launch(load_spec(DEFAULT_BUILD, "cpu"), server.cfg, free_ports(1)[0], engine)
+    launch.log_file = root / "openai_frontend.log"
+    fe = OpenAIFrontend(launch).start()
+    yield fe
+    fe.stop(10)
+    server.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damaged_frontend, built_default,  # noqa: F811
+                                                               tmp_path, capsys):
+    """Source (in-process, lm-eval's hf model) beside the served build on the shipped last-word task; the default
+    passes ``gates.max_task_drop_pct: 60``, the damaged checkpoint fails it (exit 1); the source's numbers are lm-eval's
+    own hf run's."""
+    import subprocess
+
+    from pipeline.cli import main
+
+    yaml_path, root = _gated_build(tmp_path, built_default, 60)
+    args = ["eval", str(yaml_path), "--out", str(root), "--tasks", "trtpipe_lastword", "--limit", "40",
+            "--max-retries", "1"]
+    assert main([*args, "--url", frontend.launch.url]) == 0
+    printed = capsys.readouterr().out
+    assert "| trtpipe_lastword | acc,none ↑ |" in printed and "gates.max_task_drop_pct 60: passed" in printed
+    folder = root / "smollm2-135m" / "cpu"
+    good = json.loads(sorted((folder / "eval").glob("*/report.json"))[-1].read_text(encoding="utf-8"))
+    assert good["gate"]["passed"] is True and good["source"]["dtype"] == "float32"
+    acc = good["comparison"]["trtpipe_lastword"]["acc,none"]
+    assert acc["paired"] and acc["ci95"][0] <= acc["difference"] <= acc["ci95"][1]
+    assert acc["source"] == good["source"]["metrics"]["trtpipe_lastword"]["acc,none"]["value"]
+
+    assert main([*args, "--url", damaged_frontend.launch.url]) == 1
+    captured = capsys.readouterr()
+    assert "gates.max_task_drop_pct failed for smollm2-135m/cpu (int4_awq)" in captured.err
+    assert "reused: scored before" in captured.out  # the source is scored once for both
+    bad = json.loads(sorted((folder / "eval").glob("*/report.json"))[-1].read_text(encoding="utf-8"))
+    assert bad["gate"]["passed"] is False and bad["source"]["metrics"] == good["source"]["metrics"]
+    assert {f["metric"] for f in bad["gate"]["failed"]} >= {"perplexity,none"}
+    assert [e["gate"]["passed"] for e in json.loads((folder / "manifest.json").read_text())["evaluations"]][-2:] == [
+        True, False]
+
+    # the source's numbers are what lm-eval's own hf run gives
+    ref = tmp_path / "ref"
+    cmd = [str(LM_EVAL), "--model", "hf", "--model_args", f"pretrained={good['source']['folder']},dtype=float32",
+           "--batch_size", "8", "--tasks", "trtpipe_lastword", "--limit", "40", "--include_path",
+           str(materialize_shipped(tmp_path / "tasks")), "--output_path", str(ref)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    theirs = json.loads(sorted(ref.rglob("results_*.json"))[-1].read_text())["results"]["trtpipe_lastword"]
+    for key, m in good["source"]["metrics"]["trtpipe_lastword"].items():
+        assert m["value"] == theirs[key], key
 
 
 from tests.pipeline.test_openai_frontend import frontend  # noqa: E402,F401  (the frontend on a free port, reused)
