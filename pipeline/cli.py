@@ -879,18 +879,20 @@ def cmd_eval(args) -> int:
         raise EvalError("--tasks names no task: pass e.g. --tasks trtpipe_lastword,trtpipe_cloze", "unknown_task")
     quants = [q.strip() for q in args.quant.split(",") if q.strip()] if args.quant else [None]
     variants = [(b, q) for b in (args.builds or [DEFAULT_BUILD]) for q in quants]
-    if args.url and len(variants) > 1:
-        raise EvalError("--url names one server and several builds were given: leave --url out (each build is "
-                        "evaluated on its own `trtpipe serve`; --serve starts each in turn)", "no_server")
+    urls = args.url or []
+    if urls and len(urls) != len(variants):
+        raise EvalError(f"{len(urls)} --url for {len(variants)} builds: give one --url per build, in the builds' "
+                        "order, or none (each build is evaluated on its own `trtpipe serve`; --serve starts each "
+                        "in turn)", "no_server")
     reports, failed = [], []
-    for path, quant in variants:
-        one = argparse.Namespace(**{**vars(args), "build": path, "quant": quant})
+    for i, (path, quant) in enumerate(variants):
+        one = argparse.Namespace(**{**vars(args), "build": path, "quant": quant, "url": urls[i] if urls else None})
         build = _resolve(one)
         out = _folder(one, build)
         source = None if args.no_source else _eval_source(args, build, out)  # before any server starts
         started = False
-        if args.url:
-            url = args.url
+        if one.url:
+            url = one.url
         else:
             try:
                 url = default_url(out / "server.json", _same_build(one, "serve"))
@@ -1111,8 +1113,8 @@ def make_parser() -> argparse.ArgumentParser:
     ev.add_argument("--tasks", required=True, help="comma-separated lm-eval task, group or tag names "
                     f"({', '.join(('trtpipe_lastword', 'trtpipe_cloze', 'trtpipe_mc', 'trtpipe_gen'))} ship with "
                     "trtpipe and need no download)")
-    ev.add_argument("--url", default=None, help="an OpenAI-compatible server, http://HOST:PORT (default: the "
-                                                "OpenAI frontend `trtpipe serve` started for the build)")
+    ev.add_argument("--url", action="append", default=None, help="an OpenAI-compatible server, http://HOST:PORT "
+                    "(default: the OpenAI frontend `trtpipe serve` started for the build); once per build, in order")
     ev.add_argument("--serve", action="store_true", help="start each build's server that is not running (`trtpipe "
                                                          "serve --detach`) and stop it after its evaluation")
     ev.add_argument("--model", default=None, help="the model name sent (default: the first /v1/models lists)")

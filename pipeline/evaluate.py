@@ -1,16 +1,20 @@
 """``trtpipe eval``: score a served build with lm-evaluation-harness (pinned 0.4.13, its own venv ``.lmeval/``,
-its own task registry) through an OpenAI-compatible endpoint, by default the build's ``trtpipe serve`` frontend.
+its own task registry) through an OpenAI-compatible endpoint, by default the build's ``trtpipe serve`` frontend, beside
+the source model scored in-process, and compare them.
 
-lm-eval runs as its own process (:func:`run_eval`): ``local-completions`` (``<url>/v1/completions``) for the tasks
-whose requests are log-likelihoods and ``local-chat-completions`` (``<url>/v1/chat/completions``,
-``--apply_chat_template``) for ``generate_until`` tasks, decided per task from lm-eval's own task config
-(``output_type``, read by pipeline/lm_eval_probe.py from lm_eval/tasks/_index.py's index). The tokenizer is the
-build's ``engine/`` folder, so lm-eval downloads nothing for the model. The results go to
-``build/<name>/<target>/eval/<timestamp>/``: lm-eval's own output (``lm_eval/``), its log and ``report.json``;
-nothing else of the build folder is written.
+lm-eval runs as its own process: ``local-completions`` (``<url>/v1/completions``) for the tasks whose requests are
+log-likelihoods and ``local-chat-completions`` (``<url>/v1/chat/completions``, ``--apply_chat_template``) for
+``generate_until`` tasks, decided per task from lm-eval's own task config (``output_type``, read by
+pipeline/lm_eval_probe.py from lm_eval/tasks/_index.py's index); the source model runs the same split with lm-eval's
+``hf`` model (:func:`score_source`, cached per source digest). The tokenizer is the build's ``engine/`` folder, so
+lm-eval downloads nothing for the model. :func:`compare` gives each task metric's difference with a 95% interval and
+its drop in percent; :func:`gate` applies ``gates.max_task_drop_pct``. Results go to
+``build/<name>/<target>/eval/<timestamp>/`` (lm-eval's output under ``build/``, ``report.json``, ``report.md``) and a
+summary to the manifest's ``evaluations`` (:func:`record_in_manifest`); nothing else of the build folder is written.
 
-The project ships two small tasks of its own (:data:`SHIPPED`, ``pipeline/eval_tasks/``), on text written for this
-project, so that ``trtpipe eval --tasks trtpipe_mc,trtpipe_gen`` works offline.
+The project ships small tasks of its own (:data:`SHIPPED`, ``pipeline/eval_tasks/``) so that ``trtpipe eval`` works
+offline: ``trtpipe_lastword`` and ``trtpipe_cloze`` from the held-out calibration text (scripts/make_eval_tasks.py),
+``trtpipe_mc`` and ``trtpipe_gen`` written for this project.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ LM_EVAL_ENV = "TRTPIPE_LM_EVAL"
 
 class EvalError(PipelineError):
     """``trtpipe eval`` cannot run or lm-eval failed: the message says why and what to do; ``code`` is stable
-    (``no_lm_eval``, ``no_server``, ``unreachable``, ``unknown_task``, ``missing_data``, ``dataset_offline``,
-    ``no_tokenizer``, ``lm_eval_failed``)."""
+    (``no_lm_eval``, ``no_server``, ``unreachable``, ``unauthorized``, ``unknown_task``, ``missing_data``,
+    ``dataset_offline``, ``no_tokenizer``, ``lm_eval_failed``)."""
 
     def __init__(self, message: str, code: str):
         super().__init__(message)
@@ -97,12 +101,27 @@ def default_url(state_path: Path, again: str) -> str:
                     "no_server")
 
 
+def api_key() -> str | None:
+    """The bearer token sent to the endpoint: ``$OPENAI_API_KEY`` (what lm-eval's API models send), else
+    ``$TRTPIPE_API_KEY`` (what ``trtpipe serve``'s frontend checks)."""
+    return os.environ.get("OPENAI_API_KEY") or os.environ.get("TRTPIPE_API_KEY") or None
+
+
 def served_models(url: str, timeout: float = 10.0) -> list[str]:
     """The model ids ``<url>/v1/models`` lists; EvalError ``unreachable`` naming the URL and the fix."""
     target = url.rstrip("/") + "/v1/models"
+    key = api_key()
+    req = urllib.request.Request(target, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(target, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             body = json.loads(r.read().decode())
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise EvalError(f"{target} answers {exc.code} {exc.reason}: the server wants an API key; set "
+                            "TRTPIPE_API_KEY (or OPENAI_API_KEY) to the key it was started with"
+                            + (" (the one set is refused)" if key else ""), "unauthorized") from None
+        raise EvalError(f"{target} answers {exc.code} {exc.reason}: is this an OpenAI-compatible server? pass its "
+                        "--url as http://HOST:PORT (without /v1)", "unreachable") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise EvalError(f"{target} does not answer ({reason}): start the server (`trtpipe serve --detach`) or "
@@ -143,7 +162,7 @@ def probe_tasks(lm_eval: Path, tasks: list[str], include: list[Path]) -> TaskPla
 
 def model_kind(output_types: list[str]) -> str:
     """``local-completions`` when every output_type is a log-likelihood one, ``local-chat-completions`` when all
-    are ``generate_until``; a group mixing both is run as both (see :func:`run_eval`)."""
+    are ``generate_until``, ``mixed`` otherwise (see :func:`_groups`)."""
     kinds = {"local-completions" if t in LOGLIKELIHOOD_TYPES else "local-chat-completions" for t in output_types}
     return kinds.pop() if len(kinds) == 1 else "mixed"
 
@@ -258,12 +277,13 @@ class SourceModel:
 
 
 def _groups(plan: TaskPlan, tasks: list[str]) -> dict[str, list[str]]:
-    """Tasks by the model lm-eval runs them with (a group mixing both kinds goes to both)."""
+    """Tasks by the model lm-eval runs them with. A group mixing both kinds goes to ``local-completions``, which
+    answers generate_until too (without the chat template, as lm-eval runs a base model): one run scores the
+    whole group, so its aggregate is lm-eval's own."""
     groups: dict[str, list[str]] = {}
     for t in tasks:
         kind = model_kind(plan.kinds[t])
-        for k in (("local-completions", "local-chat-completions") if kind == "mixed" else (kind,)):
-            groups.setdefault(k, []).append(t)
+        groups.setdefault("local-completions" if kind == "mixed" else kind, []).append(t)
     return groups
 
 
@@ -362,8 +382,11 @@ def score_endpoint(lm_eval: Path, *, dest: Path, plan: TaskPlan, tasks: list[str
         return kind, args, []
 
     dest.mkdir(parents=True, exist_ok=True)
+    env = _env(offline)
+    if api_key():
+        env["OPENAI_API_KEY"] = api_key()  # lm-eval's API models send this one as the bearer token
     return _lm_eval_runs(lm_eval, dest=dest, groups=groups, model_for=model_for, include=include, limit=limit,
-                         env=_env(offline), log=dest / "lm_eval.log", offline=offline, extra_args=extra_args,
+                         env=env, log=dest / "lm_eval.log", offline=offline, extra_args=extra_args,
                          log_samples=log_samples)
 
 

@@ -47,6 +47,15 @@ def test_shipped_tasks_get_absolute_data_files(tmp_path):
     assert names == set(SHIPPED)
 
 
+def test_a_mixed_group_runs_once_on_completions():
+    from pipeline.evaluate import _groups
+
+    plan = TaskPlan("0.4.13", {"mc": ["multiple_choice"], "gen": ["generate_until"],
+                               "both": ["generate_until", "multiple_choice"]})
+    assert _groups(plan, ["mc", "gen", "both"]) == {"local-completions": ["mc", "both"],
+                                                    "local-chat-completions": ["gen"]}
+
+
 def test_model_kind_follows_output_type():
     assert model_kind(["multiple_choice"]) == "local-completions"
     assert model_kind(["loglikelihood", "loglikelihood_rolling"]) == "local-completions"
@@ -83,6 +92,14 @@ def test_no_server_recorded_says_serve_or_url(tmp_path):
     with pytest.raises(EvalError) as exc:
         default_url(tmp_path / "server.json", "trtpipe serve")
     assert exc.value.code == "no_server" and "trtpipe serve --detach" in str(exc.value) and "--url" in str(exc.value)
+
+
+def test_one_url_per_build(capsys):
+    from pipeline.cli import main
+
+    assert main(["eval", "a.yaml", "b.yaml", "--tasks", "trtpipe_mc", "--url", "http://127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert "1 --url for 2 builds: give one --url per build" in err and "Traceback" not in err
 
 
 @needs_lm_eval
@@ -193,25 +210,56 @@ def test_hub_dataset_offline_is_one_clear_error(frontend, built_default, tmp_pat
     assert "gsm8k" in err and "cannot be downloaded offline" in err, err[-3000:]
 
 
-def _gated_build(tmp_path: Path, built: Path, max_drop: float) -> tuple[Path, Path]:
-    """The default build file with ``gates.max_task_drop_pct`` set, and an output root whose build folder holds the
-    default build's manifest and tokenizer (what trtpipe eval reads; the server is given with --url)."""
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_keyed_frontend_gets_the_key(default_server, built_default, tmp_path, capsys, monkeypatch):
+    """A frontend started with $TRTPIPE_API_KEY: trtpipe eval without the key is one clear error (401 from
+    /v1/models, naming the variable); with it, lm-eval's requests carry it (lm-eval sends $OPENAI_API_KEY) and the run completes."""
+    from builders.spec import load_spec
+    from pipeline.cli import main
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, free_ports
+
+    monkeypatch.setenv("TRTPIPE_API_KEY", "k-" + "7" * 30)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    launch = frontend_launch(load_spec(DEFAULT_BUILD, "cpu"), default_server.cfg, free_ports(1)[0],
+                             built_default / "engine")
+    launch.log_file = tmp_path / "openai_frontend.log"
+    fe = OpenAIFrontend(launch).start()
+    try:
+        args = ["eval", "--tasks", "trtpipe_mc", "--limit", "2", "--no-source", "--max-retries", "1", "--url",
+                fe.launch.url]
+        monkeypatch.delenv("TRTPIPE_API_KEY")
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert "/v1/models answers 401" in err and "set TRTPIPE_API_KEY" in err
+        monkeypatch.setenv("TRTPIPE_API_KEY", "k-" + "7" * 30)
+        assert main(args) == 0
+        assert "| trtpipe_mc | acc,none |" in capsys.readouterr().out
+    finally:
+        fe.stop(10)
+
+
+def _gated_build(tmp_path: Path, built: Path, max_drop: float, name: str) -> Path:
+    """The default build file named ``name`` with ``gates.max_task_drop_pct`` set, its build folder under
+    ``tmp_path/out`` holding the default build's manifest and tokenizer (what trtpipe eval reads; the server is given
+    with --url)."""
     import shutil
 
     import yaml
 
     spec = yaml.safe_load(DEFAULT_BUILD.read_text(encoding="utf-8"))
-    spec["model"]["source"] = "embedded:smollm2-135m-instruct"
+    spec["name"] = name
     spec.setdefault("gates", {})["max_task_drop_pct"] = max_drop
-    path = tmp_path / "gated.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-    folder = tmp_path / "out" / spec["name"] / "cpu"
+    folder = tmp_path / "out" / name / "cpu"
     (folder / "engine").mkdir(parents=True)
     shutil.copy(built / "manifest.json", folder / "manifest.json")
     for f in (built / "engine").iterdir():
         if f.name.startswith("tokenizer") or f.name in ("chat_template.jinja", "config.json", "generation_config.json"):
             shutil.copy(f, folder / "engine" / f.name)
-    return path, tmp_path / "out"
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -261,28 +309,34 @@ def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damage
 
     from pipeline.cli import main
 
-    yaml_path, root = _gated_build(tmp_path, built_default, 60)
-    args = ["eval", str(yaml_path), "--out", str(root), "--tasks", "trtpipe_lastword", "--limit", "40",
-            "--max-retries", "1"]
-    assert main([*args, "--url", frontend.launch.url]) == 0
-    printed = capsys.readouterr().out
-    assert "| trtpipe_lastword | acc,none ↑ |" in printed and "gates.max_task_drop_pct 60: passed" in printed
-    folder = root / "smollm2-135m" / "cpu"
-    good = json.loads(sorted((folder / "eval").glob("*/report.json"))[-1].read_text(encoding="utf-8"))
-    assert good["gate"]["passed"] is True and good["source"]["dtype"] == "float32"
+    good_yaml = _gated_build(tmp_path, built_default, 60, "smollm2-135m")
+    bad_yaml = _gated_build(tmp_path, built_default, 60, "smollm2-damaged")
+    root = tmp_path / "out"
+    assert main(["eval", str(good_yaml), str(bad_yaml), "--out", str(root), "--tasks", "trtpipe_lastword",
+                 "--limit", "40", "--max-retries", "1", "--url", frontend.launch.url,
+                 "--url", damaged_frontend.launch.url]) == 1
+    captured = capsys.readouterr()
+    assert "gates.max_task_drop_pct 60: passed" in captured.out
+    assert "gates.max_task_drop_pct failed for smollm2-damaged/cpu (int4_awq)" in captured.err
+    assert "smollm2-135m/cpu (int4_awq)" not in captured.err
+    assert "reused: scored before" in captured.out  # the source is scored once for both
+    assert ("| task | metric | source | smollm2-135m/cpu (int4_awq) | smollm2-damaged/cpu (int4_awq) |"
+            in captured.out)  # side by side
+
+    def newest(name):
+        folder = root / name / "cpu"
+        report = json.loads(sorted((folder / "eval").glob("*/report.json"))[-1].read_text(encoding="utf-8"))
+        return report, json.loads((folder / "manifest.json").read_text())["evaluations"][-1]
+
+    good, good_rec = newest("smollm2-135m")
+    bad, bad_rec = newest("smollm2-damaged")
+    assert good["gate"]["passed"] is True and good_rec["gate"]["passed"] is True and good["source"]["dtype"] == "float32"
     acc = good["comparison"]["trtpipe_lastword"]["acc,none"]
     assert acc["paired"] and acc["ci95"][0] <= acc["difference"] <= acc["ci95"][1]
     assert acc["source"] == good["source"]["metrics"]["trtpipe_lastword"]["acc,none"]["value"]
-
-    assert main([*args, "--url", damaged_frontend.launch.url]) == 1
-    captured = capsys.readouterr()
-    assert "gates.max_task_drop_pct failed for smollm2-135m/cpu (int4_awq)" in captured.err
-    assert "reused: scored before" in captured.out  # the source is scored once for both
-    bad = json.loads(sorted((folder / "eval").glob("*/report.json"))[-1].read_text(encoding="utf-8"))
-    assert bad["gate"]["passed"] is False and bad["source"]["metrics"] == good["source"]["metrics"]
+    assert bad["gate"]["passed"] is False and bad_rec["gate"]["passed"] is False
+    assert bad["source"]["metrics"] == good["source"]["metrics"]
     assert {f["metric"] for f in bad["gate"]["failed"]} >= {"perplexity,none"}
-    assert [e["gate"]["passed"] for e in json.loads((folder / "manifest.json").read_text())["evaluations"]][-2:] == [
-        True, False]
 
     # the source's numbers are what lm-eval's own hf run gives
     ref = tmp_path / "ref"
