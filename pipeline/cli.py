@@ -817,43 +817,6 @@ def _positive(text: str) -> int:
     return value
 
 
-def _eval_source(args, build, out: Path):
-    """The source model ``trtpipe eval`` scores beside the build (pipeline.evaluate.SourceModel), or None with the
-    reason printed: ``--source DIR``; else the build's manifest: its source checkpoint, or for a pre-quantized
-    source its ``model.reference``."""
-    from pipeline.evaluate import SourceModel
-
-    cpu = build.target == "cpu"  # the pytorch runtime serves float32 there
-    opts = {"dtype": "float32" if cpu else "auto", "batch_size": "8" if cpu else "auto",
-            "trust_remote_code": bool(build.model.trust_remote_code)}
-    if args.source:
-        folder = Path(args.source).resolve()
-        if not (folder / "config.json").is_file():
-            raise PipelineError(f"--source {args.source}: no config.json there; pass a Hugging Face checkpoint folder "
-                                "(config.json, *.safetensors, tokenizer), or --no-source")
-        return SourceModel(folder, f"path:{folder}", str(args.source), **opts)
-    manifest = out / "manifest.json"
-    if not manifest.is_file():
-        print(f"note: no source scored: {out} has no manifest.json (build it first, or pass --source DIR)")
-        return None
-    record = json.loads(manifest.read_text()).get("source_checkpoint") or {}
-    if record.get("quantization"):
-        ref = build.model.reference
-        if not ref:
-            print("note: no source scored: model.source is already quantized and model.reference names no "
-                  "unquantized model (set it, or pass --source DIR)")
-            return None
-        from builders.model_fetch import resolve_source
-
-        return SourceModel(resolve_source(ref, field="model.reference"), f"reference:{ref}", ref, **opts)
-    folder = Path(record.get("path", ""))
-    if not (folder / "config.json").is_file():
-        print(f"note: no source scored: the source checkpoint the manifest records ({folder}) is gone (rebuild, or "
-              "pass --source DIR)")
-        return None
-    return SourceModel(folder, record.get("sha256") or f"path:{folder}", build.model.source, **opts)
-
-
 def _run_cli(argv: list[str]) -> int:
     """Another trtpipe command in this process (``eval --serve`` starts and stops servers with serve and stop)."""
     args = make_parser().parse_args(argv)
@@ -872,7 +835,8 @@ def _build_argv(args) -> list[str]:
 def cmd_eval(args) -> int:
     """``trtpipe eval``: pipeline.evaluate.run_eval on each build's served endpoint (or --url), beside its source
     model; exit 1 when a build fails ``gates.max_task_drop_pct``."""
-    from pipeline.evaluate import EvalError, default_url, record_in_manifest, run_eval, side_by_side, table
+    from pipeline.evaluate import (EvalError, default_url, record_in_manifest, run_eval, side_by_side,
+                                   source_model, table)
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
@@ -889,7 +853,7 @@ def cmd_eval(args) -> int:
         one = argparse.Namespace(**{**vars(args), "build": path, "quant": quant, "url": urls[i] if urls else None})
         build = _resolve(one)
         out = _folder(one, build)
-        source = None if args.no_source else _eval_source(args, build, out)  # before any server starts
+        source = None if args.no_source else source_model(build, out, args.source)  # before any server starts
         started = False
         if one.url:
             url = one.url

@@ -276,6 +276,46 @@ class SourceModel:
     trust_remote_code: bool = False
 
 
+def source_model(build, out: Path, override: str | None = None) -> SourceModel | None:
+    """The model ``trtpipe eval`` scores beside the build ``build`` (builders.layout's resolved build) whose folder
+    is ``out``, or None with the reason printed: ``override`` (``--source DIR``); else the build's manifest.json:
+    its source checkpoint (path and sha256), or for a pre-quantized source ``model.reference``.
+
+    Raises:
+        PipelineError: ``override`` holds no config.json.
+        SpecError: ``model.reference`` cannot be fetched (builders.model_fetch.resolve_source).
+    """
+    cpu = build.target == "cpu"  # the pytorch runtime serves float32 there
+    opts = {"dtype": "float32" if cpu else "auto", "batch_size": "8" if cpu else "auto",
+            "trust_remote_code": bool(build.model.trust_remote_code)}
+    if override:
+        folder = Path(override).resolve()
+        if not (folder / "config.json").is_file():
+            raise PipelineError(f"--source {override}: no config.json there; pass a Hugging Face checkpoint folder "
+                                "(config.json, *.safetensors, tokenizer), or --no-source")
+        return SourceModel(folder, f"path:{folder}", str(override), **opts)
+    manifest = out / "manifest.json"
+    if not manifest.is_file():
+        print(f"note: no source scored: {out} has no manifest.json (build it first, or pass --source DIR)")
+        return None
+    record = json.loads(manifest.read_text()).get("source_checkpoint") or {}
+    if record.get("quantization"):
+        ref = build.model.reference
+        if not ref:
+            print("note: no source scored: model.source is already quantized and model.reference names no "
+                  "unquantized model (set it, or pass --source DIR)")
+            return None
+        from builders.model_fetch import resolve_source
+
+        return SourceModel(resolve_source(ref, field="model.reference"), f"reference:{ref}", ref, **opts)
+    folder = Path(record.get("path", ""))
+    if not (folder / "config.json").is_file():
+        print(f"note: no source scored: the source checkpoint the manifest records ({folder}) is gone (rebuild, or "
+              "pass --source DIR)")
+        return None
+    return SourceModel(folder, record.get("sha256") or f"path:{folder}", build.model.source, **opts)
+
+
 def _groups(plan: TaskPlan, tasks: list[str]) -> dict[str, list[str]]:
     """Tasks by the model lm-eval runs them with. A group mixing both kinds goes to ``local-completions``, which
     answers generate_until too (without the chat template, as lm-eval runs a base model): one run scores the
