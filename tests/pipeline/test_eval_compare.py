@@ -85,3 +85,34 @@ def test_tables_show_both_scores_the_interval_and_the_verdict(tmp_path):
                                   "comparison": compare(src, src)}])
     assert both.splitlines()[0] == "| task | metric | source | m/cpu (int4_awq) | m/cpu-fp8 (fp8) |"
     assert "| t | acc,none | 0.8750 ± 0.1250 | 0.7500 ± 0.1637 (+14.3%) | 0.8750 ± 0.1250 (+0.0%) |" in both
+
+
+def test_source_model_comes_from_the_manifest(tmp_path, capsys, tiny_llama):
+    from builders.spec import load_spec
+    from pipeline.evaluate import source_model
+    from plugins.errors import PipelineError
+    from tests.conftest import DEFAULT_BUILD
+
+    build = load_spec(DEFAULT_BUILD, "cpu")
+    out = tmp_path / "out"
+    out.mkdir()
+    assert source_model(build, out) is None
+    assert "has no manifest.json" in capsys.readouterr().out
+
+    ckpt = tiny_llama  # a real HF folder (config, safetensors, tokenizer)
+    (out / "manifest.json").write_text(json.dumps({"source_checkpoint": {"path": str(ckpt), "sha256": "abc"}}))
+    s = source_model(build, out)
+    assert (s.folder, s.digest, s.dtype, s.batch_size) == (ckpt, "abc", "float32", "8")  # cpu: float32
+
+    # a pre-quantized source is not the baseline: model.reference is, and without one nothing is scored
+    (out / "manifest.json").write_text(json.dumps({"source_checkpoint": {
+        "path": str(ckpt), "sha256": "abc", "quantization": {"method": "autoawq"}}}))
+    assert source_model(build, out) is None
+    assert "model.reference names no unquantized model" in capsys.readouterr().out
+    ref = build.model_copy(update={"model": build.model.model_copy(update={"reference": str(ckpt)})})
+    s = source_model(ref, out)
+    assert s.folder == ckpt and s.digest == f"reference:{ckpt}"
+
+    with pytest.raises(PipelineError, match="--source nowhere: no config.json"):
+        source_model(build, out, "nowhere")
+    assert source_model(build, out, str(ckpt)).digest == f"path:{ckpt}"
