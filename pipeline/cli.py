@@ -356,13 +356,15 @@ def cmd_tune(args) -> int:
 
 
 def _predict(build, target, plan, hf_config, args):
-    """The plan's predicted speed (builders.perf_model), with a progress line while aiconfigurator runs."""
+    """The plan's predicted speed (builders.perf_model): TensorRT-LLM's, and vLLM's and SGLang's beside it with
+    ``--compare-frameworks``; a progress line while aiconfigurator runs."""
     from builders import perf_model
 
+    backends = perf_model.BACKENDS if getattr(args, "compare_frameworks", False) else ("trtllm",)
     if perf_model.refusal(build, target, hf_config):
-        return perf_model.predict_plan(build, target, plan, hf_config)
+        return perf_model.predict_plan(build, target, plan, hf_config, backends=backends)
     with _progress(not args.no_progress, "predicting with aiconfigurator") as step:
-        return perf_model.predict_plan(build, target, plan, hf_config, progress=step)
+        return perf_model.predict_plan(build, target, plan, hf_config, progress=step, backends=backends)
 
 
 @contextlib.contextmanager
@@ -952,6 +954,8 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--force", action="store_true", help="replace --output even when it is not a plan.json")
     pl.add_argument("--no-predict", action="store_true", help="skip the predicted TTFT/TPOT/throughput "
                     "(NVIDIA aiconfigurator; runtimes trtllm and trtllm-llmapi on GPU targets)")
+    pl.add_argument("--compare-frameworks", action="store_true", help="also predict vLLM and SGLang on the same "
+                    "GPUs (each loads its own database: a few seconds more the first time)")
     pl.set_defaults(func=cmd_plan)
 
     tn = sub.add_parser("tune", help="pick the settings with the most predicted goodput per GPU under a TTFT/TPOT "

@@ -167,6 +167,8 @@ def render_performance(plan: Plan, con: Console) -> None:
         warn = next((p.kv_cache_warning for p in b.points if p.kv_cache_warning), None)
         if warn:
             notes.append(f"{b.backend}: aiconfigurator: {warn}")
+    if [b.backend for b in perf.backends] == ["trtllm"]:
+        notes.append("vLLM and SGLang on the same GPUs: trtpipe plan --compare-frameworks")
     con.print(t)
     for n in notes:
         con.print(f"  {n}", highlight=False)

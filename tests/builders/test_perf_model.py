@@ -129,3 +129,21 @@ def test_the_worker_reports_a_failed_process(monkeypatch, tmp_path):
     monkeypatch.setenv("TRTPIPE_AICONFIGURATOR_PYTHON", str(fake))
     with pytest.raises(perf_model.PerfModelUnavailable, match="exited 3.*ModuleNotFoundError"):
         perf_model.run_worker({"op": "info"})
+
+
+def test_plan_predicts_tensorrt_llm_alone_unless_asked(tmp_path, capsys):
+    """`trtpipe plan` loads TensorRT-LLM's database only (each framework's costs seconds cold);
+    --compare-frameworks adds vLLM and SGLang, and the table says how."""
+    from pipeline.cli import main
+
+    plan_json = tmp_path / "plan.json"
+    assert main(["plan", str(LLAMA), "--target", "h200", "--isl", "1000", "--osl", "1000", "--no-progress",
+                 "--output", str(plan_json)]) == 0
+    assert "trtpipe plan --compare-frameworks" in capsys.readouterr().out
+    perf = json.loads(plan_json.read_text())["performance"]
+    assert [b["backend"] for b in perf["backends"]] == ["trtllm"]
+    assert main(["plan", str(LLAMA), "--target", "h200", "--isl", "1000", "--osl", "1000", "--no-progress",
+                 "--output", str(plan_json), "--compare-frameworks"]) == 0
+    assert "--compare-frameworks" not in capsys.readouterr().out
+    perf = json.loads(plan_json.read_text())["performance"]
+    assert [b["backend"] for b in perf["backends"]] == ["trtllm", "vllm", "sglang"]
