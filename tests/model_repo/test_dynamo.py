@@ -33,7 +33,7 @@ K8S_VERSION = "1.30"
 def _need(ok: bool, why: str) -> None:
     """Fail (never skip) when a tool or schema is missing: `make setup` (scripts/setup.sh) installs every one."""
     if not ok:
-        pytest.fail(f"{why} (`make setup` / scripts/setup.sh installs it: run it)")
+        pytest.fail(f"{why} (`make setup` / `scripts/setup.sh --tools` installs it: run it)")
 
 
 def facts_schema() -> dict:

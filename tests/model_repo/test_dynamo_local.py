@@ -76,7 +76,7 @@ def _main(c):
 @pytest.fixture
 def graph(tmp_path):
     if not PY.is_file():  # a failure, never a skip: `make setup` installs it
-        pytest.fail("ai-dynamo 1.6.1 is not installed in .dynamo/ (`make setup` / scripts/setup.sh installs it: run it)")
+        pytest.fail("ai-dynamo 1.6.1 is not installed in .dynamo/ (`make setup` / `scripts/setup.sh --tools` installs it: run it)")
     r = subprocess.run([sys.executable, "-m", "pipeline.cli", "deploy", str(BUILD), "--target", "h200", "--runtime",
                         "trtllm-llmapi", "--engine", "dynamo", "--disagg", "--out", str(tmp_path / "out")],
                        cwd=REPO, capture_output=True, text=True, timeout=300)

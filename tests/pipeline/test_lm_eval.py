@@ -46,7 +46,7 @@ def run_lm_eval(out: Path, model: str, endpoint: str, url: str, tokenizer: Path,
     """Run lm_eval offline from the repository root (the tasks' data_files are relative to it); return its results
     JSON, the task's logged samples and its output. Fails with the tail of its output when it exits non-zero
     (``may_fail``: returns ``({}, [], output)`` instead)."""
-    assert LM_EVAL.is_file(), f"{LM_EVAL} is missing: run `bash scripts/setup.sh` (it creates .lmeval/)"
+    assert LM_EVAL.is_file(), f"{LM_EVAL} is missing: run `bash scripts/setup.sh --tools` (it creates .lmeval/)"
     args = {"model": MODEL, "base_url": f"{url}/v1/{endpoint}", "tokenizer": str(tokenizer), "num_concurrent": 1,
             "max_retries": 1, **model_args}
     cmd = [str(LM_EVAL), "--model", model, "--model_args", ",".join(f"{k}={v}" for k, v in args.items()),

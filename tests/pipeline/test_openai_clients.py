@@ -31,7 +31,7 @@ def _clean(text: str) -> bool:
 
 
 def _drive(script: str, url: str) -> dict:
-    assert CLIENTS.is_file(), f"{CLIENTS} is missing: run `bash scripts/setup.sh` (it creates .clients/)"
+    assert CLIENTS.is_file(), f"{CLIENTS} is missing: run `bash scripts/setup.sh --tools` (it creates .clients/)"
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "HF_HUB_OFFLINE": "1"}
     p = subprocess.run([str(CLIENTS), str(REPO / "tests" / "clients" / script), url, MODEL], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=300)
@@ -103,7 +103,7 @@ def test_aiperf_profile_completes_every_request(frontend, built_default, tmp_pat
     benchmark setting, through ``--extra-inputs``): every answer has its 16 tokens (without it, SmolLM2 ends the
     plain completion of "What is the capital of France?" at once, an empty answer aiperf counts as an error), and
     whole characters."""
-    assert AIPERF.is_file(), f"{AIPERF} is missing: run `bash scripts/setup.sh` (it creates .aiperf/)"
+    assert AIPERF.is_file(), f"{AIPERF} is missing: run `bash scripts/setup.sh --tools` (it creates .aiperf/)"
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in PROMPTS), encoding="utf-8")
     out = tmp_path / "aiperf"
