@@ -302,9 +302,10 @@ def damaged_frontend(built_default, tmp_path_factory):
 @pytest.mark.slow
 def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damaged_frontend, built_default,  # noqa: F811
                                                                tmp_path, capsys):
-    """Source (in-process, lm-eval's hf model) beside the served build on the shipped last-word task; the default
-    passes ``gates.max_task_drop_pct: 60``, the damaged checkpoint fails it (exit 1); the source's numbers are lm-eval's
-    own hf run's."""
+    """Source (in-process, lm-eval's hf model) beside the served build on the shipped last-word task
+    (loglikelihood) and trtpipe_gen (generate_until, chat template); the default passes
+    ``gates.max_task_drop_pct: 60``, the damaged checkpoint fails it (exit 1); the source's numbers are lm-eval's own
+    hf runs'."""
     import subprocess
 
     from pipeline.cli import main
@@ -312,7 +313,7 @@ def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damage
     good_yaml = _gated_build(tmp_path, built_default, 60, "smollm2-135m")
     bad_yaml = _gated_build(tmp_path, built_default, 60, "smollm2-damaged")
     root = tmp_path / "out"
-    assert main(["eval", str(good_yaml), str(bad_yaml), "--out", str(root), "--tasks", "trtpipe_lastword",
+    assert main(["eval", str(good_yaml), str(bad_yaml), "--out", str(root), "--tasks", "trtpipe_lastword,trtpipe_gen",
                  "--limit", "40", "--max-retries", "1", "--url", frontend.launch.url,
                  "--url", damaged_frontend.launch.url]) == 1
     captured = capsys.readouterr()
@@ -338,17 +339,22 @@ def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damage
     assert bad["source"]["metrics"] == good["source"]["metrics"]
     assert {f["metric"] for f in bad["gate"]["failed"]} >= {"perplexity,none"}
 
-    # the source's numbers are what lm-eval's own hf run gives
-    ref = tmp_path / "ref"
-    cmd = [str(LM_EVAL), "--model", "hf", "--model_args", f"pretrained={good['source']['folder']},dtype=float32",
-           "--batch_size", "8", "--tasks", "trtpipe_lastword", "--limit", "40", "--include_path",
-           str(materialize_shipped(tmp_path / "tasks")), "--output_path", str(ref)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                       env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-    assert p.returncode == 0, p.stderr[-3000:]
-    theirs = json.loads(sorted(ref.rglob("results_*.json"))[-1].read_text())["results"]["trtpipe_lastword"]
-    for key, m in good["source"]["metrics"]["trtpipe_lastword"].items():
-        assert m["value"] == theirs[key], key
+    assert set(good["comparison"]) == {"trtpipe_lastword", "trtpipe_gen"}
+    assert good["source"]["metrics"]["trtpipe_gen"]["exact_match,none"]["value"] is not None
+
+    # the source's numbers are what lm-eval's own hf runs give (generate_until with the chat template, as served)
+    tasks = materialize_shipped(tmp_path / "tasks")
+    for task, extra in (("trtpipe_lastword", []), ("trtpipe_gen", ["--apply_chat_template"])):
+        ref = tmp_path / f"ref-{task}"
+        cmd = [str(LM_EVAL), "--model", "hf", "--model_args", f"pretrained={good['source']['folder']},dtype=float32",
+               "--batch_size", "8", "--tasks", task, "--limit", "40", "--include_path", str(tasks),
+               "--output_path", str(ref), *extra]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+        assert p.returncode == 0, p.stderr[-3000:]
+        theirs = json.loads(sorted(ref.rglob("results_*.json"))[-1].read_text())["results"][task]
+        for key, m in good["source"]["metrics"][task].items():
+            assert m["value"] == theirs[key], (task, key)
 
 
 from tests.pipeline.test_openai_frontend import frontend  # noqa: E402,F401  (the frontend on a free port, reused)
