@@ -6,7 +6,9 @@ into TTFT, TPOT and throughput of an aggregated in-flight-batching worker. It ne
 pipeline pins numpy < 2 (Triton's Python backend), so it lives in its own environment (``.aiconfigurator/``,
 made by ``make setup``; ``$TRTPIPE_AICONFIGURATOR_PYTHON`` points elsewhere) and runs through
 ``builders/aiconfigurator_worker.py``, which calls its Python API (``aiconfigurator.cli.api.cli_estimate``).
-Without it the plan has no predictions and says why.
+Without it the plan has no predictions and says why. On a target it has no database for (:func:`no_database`: no
+system, or an estimate-only one) the plan carries the first-principles estimate of builders/roofline.py instead,
+labelled as such.
 
 The spec maps to its inputs through the registries: the target's ``aiconfigurator_system``, the recipe's
 ``aiconfigurator_gemm`` / ``aiconfigurator_moe``, the family's ``aiconfigurator`` flag, the KV-cache dtype, tp / pp
@@ -30,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from builders import roofline
 from builders.plan import BackendPrediction, PerformancePrediction, Plan, PredictedPoint
 from builders.spec import ResolvedBuild
 from plugins.architectures import architecture
@@ -44,6 +47,10 @@ WORKER = Path(__file__).with_name("aiconfigurator_worker.py")
 SPLIT_AT = 200
 """Points of one framework above which they are spread over one process per core (each loads the database,
 ~3 s, so short lists stay in one)."""
+ESTIMATE_ONLY = frozenset({"l4"})
+"""aiconfigurator 0.12.0's systems without a database of any framework: ``systems/l4.yaml`` is "estimate-only ... No
+built-in silicon performance database is provided for this PCIe SKU"; its SILICON and HYBRID modes refuse it
+(tests/facts/aiconfigurator_0_12_0/info.json: no database version for any backend)."""
 SOURCE = (f"aiconfigurator {AICONFIGURATOR_VERSION} (NVIDIA's measured-kernel performance model): predictions, "
           "not measurements of this build")
 
@@ -128,13 +135,23 @@ def model_dir(hf_config: dict) -> Path:
     return folder
 
 
+def no_database(target: TargetProfile) -> str:
+    """Why aiconfigurator has no measured kernels for ``target`` ("" when it has). One clause."""
+    if target.kind != "gpu" or not target.aiconfigurator_system:
+        return f"aiconfigurator {AICONFIGURATOR_VERSION} has no system for target {target.name}"
+    if target.aiconfigurator_system in ESTIMATE_ONLY:
+        return (f"aiconfigurator {AICONFIGURATOR_VERSION} has no database for target {target.name} (its "
+                f"{target.aiconfigurator_system} system is estimate-only)")
+    return ""
+
+
 def refusal(build: ResolvedBuild, target: TargetProfile, hf_config: dict) -> str:
     """Why aiconfigurator cannot model this build on this target ("" when it can). One clause."""
     if not build.runtime.predicted:
         return (f"runtime {build.runtime.name} is not TensorRT-LLM: aiconfigurator predicts the trtllm and "
                 "trtllm-llmapi runtimes")
-    if target.kind != "gpu" or not target.aiconfigurator_system:
-        return f"aiconfigurator {AICONFIGURATOR_VERSION} has no system for target {target.name}"
+    if no_database(target):
+        return no_database(target)
     arch = architecture((hf_config.get("architectures") or [None])[0])
     if arch is None or not arch.aiconfigurator:
         name = arch.name if arch else (hf_config.get("architectures") or ["?"])[0]
@@ -256,12 +273,16 @@ def predict_plan(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_con
                  progress: Optional[Callable[[int, int], None]] = None) -> PerformancePrediction:
     """The plan's predictions: each backend at :func:`concurrencies` of the plan's in-flight sequences
     (``memory.kv.workload_concurrency``: max_batch_size, or fewer where the KV pool holds fewer of the plan's
-    ISL+OSL). Never raises: what cannot be predicted is ``available: false`` with the reason."""
+    ISL+OSL). Never raises: what cannot be predicted is ``available: false`` with the reason. Where aiconfigurator
+    has no database for the target (:func:`no_database`), builders/roofline.py estimates instead, for TensorRT-LLM
+    alone."""
     t0 = time.monotonic()
     why = refusal(build, target, hf_config)
+    concs = concurrencies(plan.memory.kv.workload_concurrency)
+    if why and why == no_database(target):
+        return roofline.predict_plan(plan, target, concs, why)
     if why:
         return PerformancePrediction(available=False, reason=why)
-    concs = concurrencies(plan.memory.kv.workload_concurrency)
     if not concs:
         return PerformancePrediction(available=False, reason="the KV pool holds no sequence of the plan's ISL+OSL")
     base = base_point(build, target, plan, hf_config)

@@ -254,7 +254,8 @@ class MemoryPlan(_Frozen):
 
 
 class PredictedPoint(_Frozen):
-    """aiconfigurator's prediction at one concurrency (aggregated in-flight batching, steady state)."""
+    """The prediction at one concurrency (aggregated in-flight batching, steady state): aiconfigurator's, or the
+    roofline estimate's (PerformancePrediction.method)."""
 
     concurrency: int
     """Requests in flight (aiconfigurator's batch_size)."""
@@ -289,14 +290,21 @@ class BackendPrediction(_Frozen):
 
 
 class PerformancePrediction(_Frozen):
-    """Predicted speed of the build on its target: NVIDIA aiconfigurator's measured-kernel performance model,
-    not a measurement of this build (builders/perf_model.py)."""
+    """Predicted speed of the build on its target: NVIDIA aiconfigurator's measured-kernel performance model
+    (builders/perf_model.py) or, on a target it has no database for, a first-principles roofline estimate
+    (builders/roofline.py); never a measurement of this build."""
 
     available: bool
+    method: str = "aiconfigurator"
+    """``aiconfigurator``, or ``roofline``: the first-principles estimate (builders/roofline.py), whose error against
+    aiconfigurator is ``stated_error``."""
     reason: str = ""
-    """Why there are no predictions (a missing library, a target or family it cannot model)."""
+    """Why there are no predictions (a missing library, a target or family it cannot model); with the roofline
+    estimate, why aiconfigurator did not answer."""
     source: str = ""
-    """The library and version that predicted."""
+    """The library and version that predicted, or the estimate's label."""
+    stated_error: str = ""
+    """The roofline estimate's error against aiconfigurator where both answer (docs/benchmarks/prediction.md)."""
     system: Optional[str] = None
     isl: int = 0
     osl: int = 0

@@ -953,7 +953,8 @@ def make_parser() -> argparse.ArgumentParser:
     pl.add_argument("--no-progress", action="store_true", help="no progress bar")
     pl.add_argument("--force", action="store_true", help="replace --output even when it is not a plan.json")
     pl.add_argument("--no-predict", action="store_true", help="skip the predicted TTFT/TPOT/throughput "
-                    "(NVIDIA aiconfigurator; runtimes trtllm and trtllm-llmapi on GPU targets)")
+                    "(NVIDIA aiconfigurator, or a first-principles roofline estimate on GPUs it has no database for; "
+                    "runtimes trtllm and trtllm-llmapi)")
     pl.add_argument("--compare-frameworks", action="store_true", help="also predict vLLM and SGLang on the same "
                     "GPUs (each loads its own database: a few seconds more the first time)")
     pl.set_defaults(func=cmd_plan)

@@ -142,22 +142,35 @@ def render_performance(plan: Plan, con: Console) -> None:
         con.print(f"predicted speed: none ({perf.reason})", highlight=False)
         return
     inp = perf.inputs
-    t = Table(title=f"predicted speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}", title_justify="left")
+    roofline = perf.method == "roofline"
+    title = (f"estimated speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}: {perf.source}" if roofline
+             else f"predicted speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}")
+    t = Table(title=title, title_justify="left")
     for col in ("framework", "conc", "TTFT ms", "TPOT ms", "latency s", "tok/s", "tok/s/GPU", "tok/s/user"):
         t.add_column(col, justify="left" if col == "framework" else "right", no_wrap=col == "framework")
-    notes = [f"{perf.source}; inputs: gemm {inp.get('gemm_quant_mode')}, KV {inp.get('kvcache_quant_mode')}, "
-             f"tp {inp.get('tp_size')} x pp {inp.get('pp_size')}, ctx_tokens min(max_num_tokens "
-             f"{inp.get('ctx_tokens')}, concurrency x ISL) "
-             f"({'cached' if perf.cached else f'{perf.elapsed_s:.1f} s'}); tok/s/user is one stream's speed "
-             "(1000 / TPOT), tok/s all streams' output over the whole request"]
+    per_user = "tok/s/user is one stream's speed (1000 / TPOT), tok/s all streams' output over the whole request"
+    if roofline:
+        notes = [f"{perf.source}, because {perf.reason}: the roofline of the plan's bytes and FLOPs per step "
+                 f"(builders/roofline.py) at {inp['memory_bandwidth_gbps']:g} GB/s x {inp['efficiency_bandwidth']:g} "
+                 f"and {inp['tensor_tflops']:g} {inp['precision']} TFLOPS x {inp['efficiency_compute']:g}, tp "
+                 f"{inp['tp_size']} x pp {inp['pp_size']}; mean steady state of a closed loop, not a percentile; "
+                 f"{per_user}",
+                 f"its stated error: {perf.stated_error}"]
+    else:
+        notes = [f"{perf.source}; inputs: gemm {inp.get('gemm_quant_mode')}, KV {inp.get('kvcache_quant_mode')}, "
+                 f"tp {inp.get('tp_size')} x pp {inp.get('pp_size')}, ctx_tokens min(max_num_tokens "
+                 f"{inp.get('ctx_tokens')}, concurrency x ISL) "
+                 f"({'cached' if perf.cached else f'{perf.elapsed_s:.1f} s'}); {per_user}"]
     for b in perf.backends:
-        label = b.backend
+        label = f"{b.backend} (roofline)" if roofline else b.backend
         if not b.points:
             t.add_row(label, "-", "-", "-", "-", "-", "-", "-")
             notes.append(f"{b.backend}: no prediction from database {b.version} ({b.error})")
             continue
-        share = "" if b.measured_share is None else f", {100 * b.measured_share:.0f}% of the latency from measured kernels"
-        notes.append(f"{b.backend}: database {b.version} ({b.database_mode.lower()}){share}")
+        if not roofline:
+            share = "" if b.measured_share is None else \
+                f", {100 * b.measured_share:.0f}% of the latency from measured kernels"
+            notes.append(f"{b.backend}: database {b.version} ({b.database_mode.lower()}){share}")
         for i, p in enumerate(b.points):
             t.add_row(label if i == 0 else "", str(p.concurrency), f"{p.ttft_ms:.1f}", f"{p.tpot_ms:.2f}",
                       f"{p.request_latency_ms / 1000:.2f}", f"{p.output_tokens_per_s:,.0f}",
@@ -167,7 +180,7 @@ def render_performance(plan: Plan, con: Console) -> None:
         warn = next((p.kv_cache_warning for p in b.points if p.kv_cache_warning), None)
         if warn:
             notes.append(f"{b.backend}: aiconfigurator: {warn}")
-    if [b.backend for b in perf.backends] == ["trtllm"]:
+    if [b.backend for b in perf.backends] == ["trtllm"] and not roofline:
         notes.append("vLLM and SGLang on the same GPUs: trtpipe plan --compare-frameworks")
     con.print(t)
     for n in notes:

@@ -22,6 +22,23 @@ TARGETS_DIR = Path(__file__).resolve().parents[1] / "configs" / "targets"
 """The profiles, package data: ``configs/targets`` of the checkout, or of site-packages in an installed copy."""
 
 
+class TensorThroughput(BaseModel):
+    """Dense tensor-core peak of one device by math precision, in TFLOPS (TOPS for int8), without sparsity (the
+    datasheets' starred figures are 2:4 structured sparsity, twice these); null where the tensor cores lack it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    fp16: float = Field(gt=0)
+    """FP16 / BF16 inputs, FP32 accumulate: unquantized GEMMs and the weight-only INT4 recipes (dequantized to
+    16-bit before the MMA)."""
+    fp8: Optional[float] = Field(gt=0)
+    """FP8 (E4M3) inputs: the fp8 and w4a8_awq recipes (SM >= 8.9)."""
+    int8: Optional[float] = Field(gt=0)
+    """INT8 inputs (TOPS): SmoothQuant (int8_sq)."""
+    fp4: Optional[float] = Field(gt=0)
+    """FP4 inputs: nvfp4 (SM >= 10.0)."""
+
+
 class TargetProfile(BaseModel):
     """One hardware target."""
 
@@ -40,6 +57,9 @@ class TargetProfile(BaseModel):
     """Memory per device in GiB (GPU memory, or the host budget for cpu)."""
     memory_bandwidth_gbps: float = Field(gt=0)
     """Peak memory bandwidth per device in GB/s (datasheet)."""
+    tensor_tflops: Optional[TensorThroughput]
+    """Dense tensor-core peak per device by math precision (datasheet; the YAML names it); null for CPU. With
+    memory_bandwidth_gbps it bounds the first-principles estimate of builders/roofline.py."""
     interconnect: str
     """GPU-to-GPU link (nvlink4, pcie4...)."""
     gpus_per_node: int = Field(ge=1)

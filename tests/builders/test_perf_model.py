@@ -55,12 +55,15 @@ def test_registries_map_only_to_what_the_library_has():
     # the system a GPU target names is that GPU: same memory class (A100 40 GB has no system of its own)
     assert get_target("a100-40gb").aiconfigurator_system is None
     assert get_target("h200").aiconfigurator_system == "h200_sxm"
+    # the estimate-only systems are those without a database of any framework
+    assert perf_model.ESTIMATE_ONLY == {s for s, dbs in FACTS["systems"].items() if not any(dbs.values())}
 
 
 @pytest.mark.parametrize("target, runtime, quant, family, reason", [
     ("h200", "pytorch", None, "llama-3-8b", "runtime pytorch is not TensorRT-LLM"),
     ("cpu", "trtllm", None, "llama-3-8b", "has no system for target cpu"),
     ("a10", "trtllm", None, "llama-3-8b", "has no system for target a10"),
+    ("l4", "trtllm", None, "llama-3-8b", "has no database for target l4"),
     ("h200", "trtllm", "w4a8_awq", "llama-3-8b", "no GEMM mode for quant_algo w4a8_awq"),
     ("h200", "trtllm-llmapi", None, "gemma-2-9b", "does not model Gemma2ForCausalLM"),
     ("h200", "trtllm-llmapi", None, "mistral-7b", "does not model MistralForCausalLM"),

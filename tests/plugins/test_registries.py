@@ -100,6 +100,19 @@ def test_fp8_support_follows_the_compute_capability():
         "l4": True, "l40s": True}
 
 
+def test_tensor_throughput_follows_the_compute_capability():
+    """Every GPU profile states its dense tensor peak; FP8 where the SM has it, FP4 from Blackwell (SM 100) on, and
+    FP8 / INT8 at twice FP16 (the datasheets' ratio on Ampere, Ada, Hopper and Blackwell)."""
+    for name, t in registry().items():
+        if t.kind == "cpu":
+            assert t.tensor_tflops is None, name
+            continue
+        tc = t.tensor_tflops
+        assert (tc.fp8 is not None) == t.fp8 and (tc.fp4 is not None) == (t.sm >= 100), name
+        assert tc.int8 == pytest.approx(2 * tc.fp16, rel=0.02), name
+        assert tc.fp8 is None or tc.fp8 == pytest.approx(2 * tc.fp16, rel=0.02), name
+
+
 def test_family_paths_follow_the_recorded_trtllm_facts():
     """trtllm_build / llmapi traits = TensorRT-LLM 1.2.1's MODEL_MAP and PyTorch-backend registrations, as recorded
     from upstream (tests/facts/trtllm_1_2_1/model_families.json); the ModelOpt QWen name is in MODEL_MAP too."""
