@@ -90,6 +90,11 @@ def default_url(state_path: Path, again: str) -> str:
     ``no_server`` saying to run ``again`` (the serve command) or pass --url otherwise."""
     from pipeline.server_state import server_status
 
+    if not (state_path.parent / "model_repo").is_dir() and not (state_path.parent / "bundle").is_dir():
+        build = again.replace(" serve", " build", 1)
+        raise EvalError(f"{state_path.parent} holds no built model to serve: build it first (`{build}`), then "
+                        f"evaluate it (--serve starts its server), or pass --url of a running OpenAI-compatible "
+                        "server", "no_server")
     status = server_status(state_path) or {}
     front = status.get("openai") or {}
     if status.get("running") and status.get("openai_running") and front.get("url"):
@@ -155,8 +160,8 @@ def probe_tasks(lm_eval: Path, tasks: list[str], include: list[Path]) -> TaskPla
         where = ", ".join(str(p) for p in include) or "none"
         raise EvalError(f"unknown task{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: lm-eval "
                         f"{out.get('version')} has no task, group or tag of that name (include paths: {where}); "
-                        "`lm_eval ls tasks` lists them, --include-path DIR adds a folder of task YAMLs",
-                        "unknown_task")
+                        f"`{lm_eval} ls tasks` lists its own, trtpipe ships {', '.join(SHIPPED)}, and "
+                        "--include-path DIR adds a folder of task YAMLs", "unknown_task")
     return TaskPlan(out.get("version"), out["tasks"], out.get("datasets") or {})
 
 
@@ -520,7 +525,8 @@ def _paired_stderr(build: Scored, source: Scored, task: str, metric: str, filt: 
 def compare(build: Scored, source: Scored) -> dict:
     """Per task and metric: both scores with lm-eval's standard errors, the difference (build - source) with its
     95% confidence interval, and ``drop_pct``, the build's loss relative to the source in percent (positive: worse;
-    for a lower-is-better metric such as perplexity, its rise).
+    for a lower-is-better metric such as perplexity, its rise; None where the source scores 0 and the build no
+    worse).
 
     The interval is paired (per-item differences over the same items: :func:`_paired_stderr`) where lm-eval
     aggregates the metric by ``mean`` and both logged the same items, else sqrt(se_build^2 + se_source^2), which is
@@ -540,7 +546,8 @@ def compare(build: Scored, source: Scored) -> dict:
             if se is None and b["stderr"] is not None and s["stderr"] is not None:
                 se = math.hypot(b["stderr"], s["stderr"])
             loss = (-diff if higher else diff) + 0.0  # + 0.0: no "-0.0" in a table
-            drop_pct = 100.0 * loss / abs(s["value"]) if s["value"] else (0.0 if loss <= 0 else 100.0)
+            # a source scoring 0 leaves no share to lose: n/a (None), and a loss from 0 counts as all of it
+            drop_pct = 100.0 * loss / abs(s["value"]) if s["value"] else (None if loss <= 0 else 100.0)
             out.setdefault(task, {})[key] = {
                 "build": b["value"], "build_stderr": b["stderr"], "source": s["value"], "source_stderr": s["stderr"],
                 "higher_is_better": higher, "difference": diff, "difference_stderr": se, "paired": paired,
@@ -557,7 +564,7 @@ def gate(comparison: dict, max_task_drop_pct: float | None) -> dict:
     failed = [{"task": task, "metric": key, "drop_pct": round(c["drop_pct"], 4), "source": c["source"],
                "build": c["build"]}
               for task, metrics in comparison.items() for key, c in metrics.items()
-              if c["drop_pct"] > max_task_drop_pct]
+              if c["drop_pct"] is not None and c["drop_pct"] > max_task_drop_pct]
     return {"max_task_drop_pct": max_task_drop_pct, "passed": not failed, "failed": failed}
 
 
@@ -679,10 +686,11 @@ def table(report: dict) -> str:
         for key, c in metrics.items():
             ci = "" if c["ci95"] is None else f" [{c['ci95'][0]:+.4f}, {c['ci95'][1]:+.4f}]"
             arrow = "↑" if c["higher_is_better"] else "↓"
+            drop = "n/a" if c["drop_pct"] is None else f"{c['drop_pct']:+.2f}"
             row = (f"| {task} | {key} {arrow} | {_pm(c['source'], c['source_stderr'])} | "
-                   f"{_pm(c['build'], c['build_stderr'])} | {c['difference']:+.4f}{ci} | {c['drop_pct']:+.2f} |")
+                   f"{_pm(c['build'], c['build_stderr'])} | {c['difference']:+.4f}{ci} | {drop} |")
             if limit is not None:
-                row += " fail |" if c["drop_pct"] > limit else " pass |"
+                row += " fail |" if c["drop_pct"] is not None and c["drop_pct"] > limit else " pass |"
             rows.append(row)
     if limit is not None:
         verdict = ("passed" if g["passed"] else "FAILED: " + ", ".join(f"{f['task']} {f['metric']} "
@@ -710,6 +718,6 @@ def side_by_side(reports: list[dict]) -> str:
             m = r["metrics"].get(task, {}).get(key)
             c = (r.get("comparison") or {}).get(task, {}).get(key)
             row += (" |" if m is None else f" {_pm(m['value'], m['stderr'])}" +
-                    (f" ({c['drop_pct']:+.1f}%)" if c else "") + " |")
+                    (f" ({c['drop_pct']:+.1f}%)" if c and c["drop_pct"] is not None else "") + " |")
         rows.append(row)
     return "\n".join(rows)

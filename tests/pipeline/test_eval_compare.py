@@ -72,6 +72,15 @@ def test_gate_fails_every_metric_over_the_limit_and_passes_the_rest(tmp_path):
     assert gate(compare(src, bld), 0.0)["passed"] is True
 
 
+def test_a_source_scoring_zero_has_no_drop_to_report(tmp_path):
+    src = _scored(tmp_path, "s", {"acc": [0, 0, 0, 0]})
+    bld = _scored(tmp_path, "b", {"acc": [0, 0, 0, 0]})
+    c = compare(bld, src)
+    assert c["t"]["acc,none"]["drop_pct"] is None and gate(c, 0.0)["passed"] is True
+    text = table({"metrics": bld.metrics, "comparison": c, "gate": gate(c, 1.0)})
+    assert "| +0.0000 [+0.0000, +0.0000] | n/a | pass |" in text
+
+
 def test_tables_show_both_scores_the_interval_and_the_verdict(tmp_path):
     src = _scored(tmp_path, "s", {"acc": [1, 1, 1, 1, 0, 1, 1, 1]})
     bld = _scored(tmp_path, "b", {"acc": [1, 1, 1, 1, 0, 1, 1, 0]})

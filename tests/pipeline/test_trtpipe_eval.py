@@ -89,7 +89,11 @@ def test_missing_local_data_is_one_clear_error(tmp_path):
 def test_no_server_recorded_says_serve_or_url(tmp_path):
     from pipeline.evaluate import default_url
 
-    with pytest.raises(EvalError) as exc:
+    with pytest.raises(EvalError) as exc:  # not built: build it first
+        default_url(tmp_path / "server.json", "trtpipe serve --quant fp8")
+    assert exc.value.code == "no_server" and "`trtpipe build --quant fp8`" in str(exc.value)
+    (tmp_path / "model_repo").mkdir()
+    with pytest.raises(EvalError) as exc:  # built, not served
         default_url(tmp_path / "server.json", "trtpipe serve")
     assert exc.value.code == "no_server" and "trtpipe serve --detach" in str(exc.value) and "--url" in str(exc.value)
 
@@ -108,7 +112,8 @@ def test_unknown_task_is_one_clear_error(tmp_path):
         probe_tasks(LM_EVAL, ["trtpipe_mc", "no_such_task_xyz"], [materialize_shipped(tmp_path / "t")])
     assert exc.value.code == "unknown_task"
     assert "no_such_task_xyz" in str(exc.value) and "--include-path" in str(exc.value)
-    assert "trtpipe_mc," not in str(exc.value)
+    assert f"`{LM_EVAL} ls tasks`" in str(exc.value) and "trtpipe_lastword" in str(exc.value)
+    assert str(exc.value).startswith("unknown task no_such_task_xyz: ")  # the known one is not called unknown
 
 
 @needs_lm_eval
