@@ -29,6 +29,13 @@ One run (each phase a subprocess, so GPU memory is returned between them):
              from the serving path when served and in-process differ.
              Points may repeat (`128/128:32,32`): the first visit of a shape is cold, a later one warm.
   served     tritonserver per repository, then `trtpipe loadtest` closed loop (ignore-eos) per point.
+  openai     `trtpipe serve` (pipeline.cli, the command users run: tritonserver and the OpenAI frontend) on repo-cb,
+             then `trtpipe loadtest --endpoint openai-completions` closed loop (ignore_eos) per point, then
+             `trtpipe stop`; the one change from the command line: the stub's site-packages are --python-path
+             (numpy<2 first), not this interpreter's. --probes: greedy answers first (scripts/bench/probes.py).
+  --probes   the `openai` phase asks greedy answers (ids and text, streamed and not, a CJK prompt among them) and
+             the `inproc` phase the runtime's own for the same ids; the driver compares them. The served phases
+             keep a digest of their server logs' warnings and errors (``log_digest``).
   quant      ModelOpt fp8 and int4_awq quantize + export of the engine folder: wall time, peak memory.
 
 Writes one JSON per phase under --out (default $OUT, else build/bench/out) and prints a table.
@@ -42,6 +49,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,7 +241,7 @@ def bandwidth(device: str, gib: float) -> dict:
 
 # ---------------------------------------------------------------------------------------------- in-process
 def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple], seed: int,
-           warmup: int = 2, on_measure=None) -> dict:
+           warmup: int = 2, on_measure=None, probes: bool = False) -> dict:
     """The served runtime's settings, called in-process: closed loop at each (isl, osl, conc, n)."""
     from model_repo.generate import TEMPLATES
 
@@ -288,9 +296,21 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
                             "summary": s, "generation_steps": steps[0] - before})
             log.info("inproc %s/%s c=%d: %.0f tok/s", isl, osl, conc, s.get("output_token_throughput", 0))
             _partial({"settings": settings, "init_s": init_s, "points": results})
+        answers = None
+        if probes:  # after the points: the same ids the `openai` phase sends, one request at a time
+            import probes as pr
+            from model_repo.deploy import preprocessing_adds_special_tokens
+
+            ps = pr.prompts(engine, preprocessing_adds_special_tokens(repo))
+            answers = {"prompts": ps, "answers": pr.inproc_answers(manager, table, sampling, info["default_end_ids"],
+                                                                   ps)}
+            log.info("inproc probes: %s", [len(a.get("output_ids") or []) for a in answers["answers"]])
     finally:
         manager.stop(block=True)
-    return {"settings": settings, "init_s": init_s, "points": results}
+    out = {"settings": settings, "init_s": init_s, "points": results}
+    if answers is not None:
+        out["probes"] = answers
+    return out
 
 
 def _closed_loop(manager, prompts, osl, conc, never, table, sampling, warmup=False):
@@ -370,7 +390,122 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
                                                                            for k, v in cpu1.items()}}})
             log.info("%s %s/%s c=%d: %.0f tok/s", repo.name, isl, osl, conc, s.get("output_token_throughput", 0))
             _partial(out)
+    if cfg.log_file.is_file():
+        import shutil
+
+        out["logs"] = {"tritonserver": log_digest(cfg.log_file)}
+        shutil.copy2(cfg.log_file, repo.parent / "results" / f"served-{repo.name}-tritonserver.log")
     return out
+
+
+def openai_served(repo: Path, engine: Path, python_path: list[str], points: list[tuple], seed: int, ports: list[int],
+                  spec: Path, target: str, warmup: int = 2, probes: bool = False) -> dict:
+    """`trtpipe serve` on ``repo`` (tritonserver and the OpenAI frontend, as a user starts them), greedy probes, the
+    points through /v1/completions, `trtpipe stop`. The build folder `serve` reads is work/serve/<name>/<target>
+    with engine/ linked to ``engine`` (the frontend's tokenizer); ``python_path`` replaces the stub's site-packages
+    (model_repo.generate.default_sys_path, this interpreter's) where they must differ (numpy<2 first)."""
+    import shutil
+
+    import model_repo.generate as generate
+    from builders.layout import build_dir
+    from builders.spec import load_spec
+    from pipeline.cli import main as trtpipe
+    from pipeline.loadtest.api import run_loadtest
+    from pipeline.loadtest.config import LoadTestConfig
+
+    build = load_spec(spec, target)
+    root = repo.parent / "serve"
+    folder = build_dir(build, root)
+    shutil.rmtree(root, ignore_errors=True)
+    folder.mkdir(parents=True)
+    (folder / "engine").symlink_to(engine)
+    if python_path:
+        generate.default_sys_path = lambda: list(python_path)  # what `serve` hands the stub as TRTPIPE_PYTHONPATH
+    http, grpc, metrics, oai = ports
+    argv = ["serve", str(spec), "--target", target, "--out", str(root), "--model-repo", str(repo), "--detach",
+            "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--openai-port",
+            str(oai), "--timeout", "900"]
+    out = {"command": "trtpipe " + " ".join(argv), "engine": str(engine), "points": []}
+    t0 = time.perf_counter()
+    rc = trtpipe(argv)
+    out["ready_s"] = time.perf_counter() - t0
+    if rc != 0:
+        raise SystemExit(f"`trtpipe serve` exited {rc}")
+    state = json.loads((folder / "server.json").read_text())
+    pid = state["pid"]
+    base = f"http://127.0.0.1:{oai}/v1"
+    try:
+        gen_pid = _generation_pid(pid)
+        out["process"] = process_facts(gen_pid) if gen_pid else None
+        log.info("openai: `trtpipe serve` ready in %.1f s, generation process %s", out["ready_s"], gen_pid)
+        if probes:
+            import probes as pr
+            from model_repo.deploy import preprocessing_adds_special_tokens
+
+            ps = pr.prompts(engine, preprocessing_adds_special_tokens(repo))
+            log.info("openai probes: %d prompts, one request at a time", len(ps))
+
+            def keep(rows):
+                out["probes"] = {"prompts": ps, "answers": rows}
+                _partial(out)
+            keep(pr.served_answers(f"127.0.0.1:{grpc}", base, build.name, ps, on_answer=keep))
+        for k, (isl, osl, conc, n) in enumerate(points):
+            lt = LoadTestConfig(url=base, endpoint="openai-completions", metrics_url=f"http://127.0.0.1:{metrics}/metrics",
+                                concurrency=[conc], num_requests=n, warmup=warmup, input_len=str(isl),
+                                output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
+                                seed=seed + 1000 * k, request_timeout_s=300, drain_timeout_s=300,
+                                max_client_cpu=0.95)
+            cpu0, t_pt = _server_cpu(pid), time.perf_counter()
+            cpu0.update(_frontend_cpu(state))
+            rep = run_loadtest(lt)
+            cpu1, t_pt = _server_cpu(pid), time.perf_counter() - t_pt
+            cpu1.update(_frontend_cpu(state))
+            p = rep["points"][0]
+            s = p["summary"]
+            out["points"].append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc,
+                                            "requests": n}, "summary": s, "validity": p["validity"],
+                                  "client": p["client"], "requests": p["requests"],
+                                  "counter_deltas": p["server_metrics"].get("counter_deltas", {}),
+                                  "counter_window": p["server_metrics"].get("counter_window"),
+                                  "server_cpu": {"wall_s": t_pt, "cpu_s": {k: v - cpu0.get(k, 0.0)
+                                                                           for k, v in cpu1.items()}}})
+            log.info("openai %s/%s c=%d: %.0f tok/s", isl, osl, conc, s.get("output_token_throughput", 0))
+            _partial(out)
+    finally:
+        t1 = time.perf_counter()
+        out["stop_rc"] = trtpipe(["stop", str(spec), "--target", target, "--out", str(root)])
+        out["stop_s"] = time.perf_counter() - t1
+        for name, path in (("tritonserver", state.get("log")), ("openai_frontend", (state.get("openai") or {}).get("log"))):
+            if path and Path(path).is_file():
+                out.setdefault("logs", {})[name] = log_digest(Path(path))
+                shutil.copy2(path, repo.parent / "results" / f"openai-{name}.log")
+    return out
+
+
+def _frontend_cpu(state: dict) -> dict:
+    """CPU seconds so far of the OpenAI frontend recorded in a server.json (empty without psutil or frontend)."""
+    try:
+        import psutil
+
+        t = psutil.Process(state["openai"]["pid"]).cpu_times()
+        return {"openai_frontend": t.user + t.system}
+    except Exception:
+        return {}
+
+
+_LOG_BAD = re.compile(r"^[WE]\d{4} |warn|error|traceback|exception|fail", re.I)
+
+
+def log_digest(path: Path, keep: int = 60) -> dict:
+    """The warning and error lines of a server log, each kind once with its count (timestamps, pids, ports and
+    other numbers made '#', so the same message from another run or machine compares equal)."""
+    counts: dict[str, int] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        if _LOG_BAD.search(line):
+            key = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?", "#", line.strip())[:300]
+            counts[key] = counts.get(key, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])
+    return {"file": str(path), "lines": sum(counts.values()), "kinds": len(counts), "top": top[:keep]}
 
 
 _FACT_LIBS = ("libcublas", "libcudnn", "libcudart", "libnccl", "libnvrtc", "libtorch_cuda", "libtorch_cpu",
@@ -560,7 +695,7 @@ INPROC_REPOS = {"inproc": "cb", "inproc-defaults": "defaults", "inproc-nocudnn":
                 "inproc-cudnn": "cb-cudnn", "inproc-graphs": "cb-graphs", "inproc-asworker": "cb"}
 NAMES = {**{ph: f"served-{repo}" for ph, repo in SERVED_REPOS.items()},
          **{ph: f"inproc-{repo}" for ph, repo in INPROC_REPOS.items()},
-         "inproc-asworker": "inproc-cb-asworker"}
+         "inproc-asworker": "inproc-cb-asworker", "openai": "openai-cb"}
 """phase -> the key of its results in bench-<tag>.json (as h200_tables.py reads them)."""
 
 def parse_points(text: str, reqs: str) -> list[tuple]:
@@ -584,9 +719,10 @@ def main(argv=None) -> int:
     ap.add_argument("--model", choices=sorted(SPECS), default="llama8b",
                     help="llama8b: the 8B-shaped random model; smollm2: the real SmolLM2-135M, built by trtpipe")
     ap.add_argument("--tokenizer", type=Path, default=None, help="SmolLM2 tokenizer folder (--model llama8b)")
+    ap.add_argument("--target", default="h200", help="the build file's GPU target (h200; h100 on an 80 GB card)")
     ap.add_argument("--phases", default="engine,repos,bandwidth,inproc,served",
                     help="comma list of: engine repos bandwidth inproc inproc-defaults inproc-nocudnn "
-                         "inproc-cudnn inproc-graphs inproc-asworker served stub inline proc nocudnn cudnn graphs static "
+                         "inproc-cudnn inproc-graphs inproc-asworker served openai stub inline proc nocudnn cudnn graphs static "
                          "defaults quant")
     ap.add_argument("--points", default="128/128:1,8,32,128", help="'ISL/OSL:c1,c2;ISL/OSL:c...'")
     ap.add_argument("--requests", default="4:2:128", help="requests per point: min:factor:max of factor x conc")
@@ -595,10 +731,12 @@ def main(argv=None) -> int:
     ap.add_argument("--quant-algos", default="fp8,int4_awq")
     ap.add_argument("--tag", default="", help="suffix of the JSON file names")
     ap.add_argument("--phase-timeout", type=int, default=900, help="seconds before a phase is killed")
+    ap.add_argument("--probes", action="store_true", help="greedy answers served (openai phase) vs in-process "
+                                                          "(inproc phase), compared at the end (probes.py)")
     ap.add_argument("--phase-child", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    device, dtype, target = ("cpu", "float32", "cpu") if a.smoke else ("cuda", "bfloat16", "h200")
+    device, dtype, target = ("cpu", "float32", "cpu") if a.smoke else ("cuda", "bfloat16", a.target)
     shape = TINY if a.smoke else LLAMA3_8B
     work = a.work or (ROOT / "build" / "bench" / (("smoke" if a.smoke else "h200") +
                                                   ("" if a.model == "llama8b" else f"-{a.model}")))
@@ -625,7 +763,13 @@ def main(argv=None) -> int:
         elif ph == "bandwidth":
             res = bandwidth(device, 0.25 if a.smoke else 4.0)
         elif ph.startswith("inproc"):
-            res = inproc(engine, work / f"repo-{INPROC_REPOS[ph]}", device, dtype, points, seed=7, warmup=a.warmup)
+            res = inproc(engine, work / f"repo-{INPROC_REPOS[ph]}", device, dtype, points, seed=7, warmup=a.warmup,
+                         probes=a.probes and ph == "inproc")
+        elif ph == "openai":
+            from pipeline.serve import free_ports
+
+            res = openai_served(work / "repo-cb", engine, pypath or [], points, seed=7, ports=free_ports(4),
+                                spec=SPECS[a.model], target=target, warmup=a.warmup, probes=a.probes)
         elif ph in SERVED_REPOS:
             from pipeline.serve import free_ports
 
@@ -672,6 +816,14 @@ def main(argv=None) -> int:
         f = work / "results" / f"{ph}.json"
         if ph not in results and f.is_file():
             results[ph] = json.loads(f.read_text())
+    if "probes" in results.get("openai-cb", {}) and "probes" in results.get("inproc-cb", {}):
+        import probes as pr
+
+        cmp = pr.compare(results["openai-cb"]["probes"]["answers"], results["inproc-cb"]["probes"]["answers"], engine)
+        results["probes"] = cmp
+        print(pr.markdown(cmp) + "\nprobes: " + ("all equal" if cmp["all_equal"] else "NOT all equal"), flush=True)
+        if not cmp["all_equal"]:
+            failures["probes"] = "served and in-process answers differ"
     results["failures"] = failures
     results["argv"] = sys.argv
     tag = f"-{a.tag}" if a.tag else ""

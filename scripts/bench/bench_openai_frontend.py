@@ -9,6 +9,10 @@ client valid, no error, completions keeping pace with the schedule). Prints mark
 
     .venv/bin/python scripts/bench/bench_openai_frontend.py --concurrency 1,16 --rates 25,50,100,200 \
         --json docs/benchmarks/openai_frontend.json
+
+On a GPU host without the project's venv (scripts/bench/h200_session.sh, PLAN=p23): ``--tokenizer`` the SmolLM2
+tokenizer folder, ``--python-path`` the stub's site-packages (numpy<2 first, as bench_h200.py's), ``--rates ""``
+for the closed loop alone.
 """
 
 from __future__ import annotations
@@ -31,7 +35,6 @@ from pipeline.loadtest.config import LoadTestConfig  # noqa: E402
 from pipeline.loadtest.selfcheck import trivial_server  # noqa: E402
 from pipeline.launch_config import FrontendLaunch  # noqa: E402
 from pipeline.serve import OpenAIFrontend, free_ports  # noqa: E402
-from tests.conftest import smollm2_tokenizer_dir  # noqa: E402
 
 
 def point(cfg: LoadTestConfig) -> dict:
@@ -56,10 +59,26 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--token-delay-us", type=int, default=1000)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--tokenizer", type=Path, default=None, help="SmolLM2 tokenizer folder (default: the embedded one)")
+    ap.add_argument("--python-path", default="", help="the stub's site-packages (default: this interpreter's)")
     args = ap.parse_args()
-    tok = smollm2_tokenizer_dir()
-    out: dict = {"host": {"platform": platform.platform(), "python": platform.python_version()},
-                 "args": vars(args) | {"json": str(args.json)}, "closed": [], "open": []}
+    if args.tokenizer is None:
+        from tests.conftest import smollm2_tokenizer_dir
+
+        tok = smollm2_tokenizer_dir()
+    else:
+        tok = args.tokenizer
+    stub_path = [x for x in args.python_path.split(":") if x]
+    if stub_path:  # the trivial server's stub gets these (TRTPIPE_PYTHONPATH), as bench_h200.py --python-path
+        import model_repo.generate as generate
+
+        generate.default_sys_path = lambda: list(stub_path)
+    import os
+
+    out: dict = {"host": {"platform": platform.platform(), "python": platform.python_version(),
+                          "cpus": os.cpu_count()},
+                 "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                 "closed": [], "open": []}
     with tempfile.TemporaryDirectory() as tmp, trivial_server(Path(tmp), token_delay_us=args.token_delay_us) as (
             grpc, metrics):
         port = free_ports(1)[0]
@@ -78,7 +97,7 @@ def main() -> int:
                 g, o = row["grpc"], row["openai"]
                 print(f"c={c}: grpc {g['req_s']:.1f} req/s TTFT p50 {g['ttft_p50_ms']:.2f} ms | openai "
                       f"{o['req_s']:.1f} req/s TTFT p50 {o['ttft_p50_ms']:.2f} ms", flush=True)
-            for r in [float(x) for x in args.rates.split(",")]:
+            for r in [float(x) for x in args.rates.split(",") if x]:
                 n = max(100, int(r * 4))
                 res = point(LoadTestConfig(url=base, endpoint="openai-completions", mode="open", rate=[r],
                                            num_requests=n, **common))

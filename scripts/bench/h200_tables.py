@@ -30,9 +30,10 @@ CONFIGS = [("served CB, dispatcher thread", "served-cb"), ("served CB, loop in t
            ("in-process CB, CUDA graphs", "inproc-cb-graphs"),
            ("in-process CB, started as the served worker (its python + environment)", "inproc-cb-asworker"),
            ("served static `generate` (baseline)", "served-static"),
-           ("served CB, library defaults", "served-defaults"), ("in-process CB, library defaults", "inproc-defaults")]
+           ("served CB, library defaults", "served-defaults"), ("in-process CB, library defaults", "inproc-defaults"),
+           ("`trtpipe serve`'s OpenAI frontend, /v1/completions (BLS)", "openai-cb")]
 SERVED = ("served-cb", "served-cb-stub", "served-cb-inline", "served-cb-proc", "served-cb-nocudnn", "served-cb-cudnn",
-          "served-cb-graphs")
+          "served-cb-graphs", "openai-cb")
 VISIT = ("cold", "warm")  # first visit of a point's shape in its server / process, then later visits
 CONCS = (1, 8, 32, 64, 128)
 
