@@ -74,10 +74,7 @@ def _same_build(args, verb: str, positional: bool = True) -> str:
     parts = [_program(), verb] + ([] if build == DEFAULT_BUILD else [build] if positional else ["--build", build])
     if getattr(args, "target", "cpu") != "cpu":
         parts += ["--target", args.target]
-    for flag in ("quant", "runtime", "out"):
-        if getattr(args, flag, None):
-            parts += [f"--{flag}", str(getattr(args, flag))]
-    return shlex.join(parts)
+    return shlex.join(parts + _variant_argv(args))
 
 
 def _program() -> str:
@@ -825,13 +822,15 @@ def _run_cli(argv: list[str]) -> int:
     return args.func(args)
 
 
+def _variant_argv(args) -> list[str]:
+    """``--quant``, ``--runtime`` and ``--out`` of ``args`` where given, as command-line arguments."""
+    return [a for flag in ("quant", "runtime", "out") if getattr(args, flag, None)
+            for a in (f"--{flag}", str(getattr(args, flag)))]
+
+
 def _build_argv(args) -> list[str]:
     """The build file, target and variant flags of ``args`` as a command line's arguments."""
-    argv = [str(args.build), "--target", args.target]
-    for flag in ("quant", "runtime", "out"):
-        if getattr(args, flag, None):
-            argv += [f"--{flag}", str(getattr(args, flag))]
-    return argv
+    return [str(args.build), "--target", args.target, *_variant_argv(args)]
 
 
 def cmd_eval(args) -> int:

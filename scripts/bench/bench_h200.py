@@ -352,10 +352,35 @@ def _closed_loop(manager, prompts, osl, conc, never, table, sampling, warmup=Fal
 
 
 # ---------------------------------------------------------------------------------------------- served
-def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple], seed: int, ports: list[int],
-           warmup: int = 2) -> dict:
+def _grid(out: dict, points: list[tuple], engine: Path, warmup: int, seed: int, cpu, label: str, **endpoint) -> None:
+    """Closed-loop `trtpipe loadtest` at each (isl, osl, concurrency, requests) point against ``endpoint`` (url,
+    metrics_url, endpoint kind), appending each point's summary, requests, counters and the server-side CPU seconds
+    ``cpu()`` reads before and after to ``out["points"]``."""
     from pipeline.loadtest.api import run_loadtest
     from pipeline.loadtest.config import LoadTestConfig
+
+    for k, (isl, osl, conc, n) in enumerate(points):
+        lt = LoadTestConfig(**endpoint, concurrency=[conc], num_requests=n, warmup=warmup, input_len=str(isl),
+                            output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
+                            seed=seed + 1000 * k, request_timeout_s=300, drain_timeout_s=300, max_client_cpu=0.95)
+        cpu0, t_pt = cpu(), time.perf_counter()
+        rep = run_loadtest(lt)
+        cpu1, t_pt = cpu(), time.perf_counter() - t_pt
+        p = rep["points"][0]
+        s = p["summary"]
+        out["points"].append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc,
+                                        "requests": n}, "summary": s, "validity": p["validity"],
+                              "client": p["client"], "requests": p["requests"],
+                              "counter_deltas": p["server_metrics"].get("counter_deltas", {}),
+                              "counter_window": p["server_metrics"].get("counter_window"),
+                              "server_cpu": {"wall_s": t_pt, "cpu_s": {k: v - cpu0.get(k, 0.0)
+                                                                       for k, v in cpu1.items()}}})
+        log.info("%s %s/%s c=%d: %.0f tok/s", label, isl, osl, conc, s.get("output_token_throughput", 0))
+        _partial(out)
+
+
+def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple], seed: int, ports: list[int],
+           warmup: int = 2) -> dict:
     from pipeline.serve import ServerConfig, TritonServer
 
     cfg = ServerConfig(model_repository=repo, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2],
@@ -370,26 +395,8 @@ def served(repo: Path, engine: Path, python_path: list[str], points: list[tuple]
         if launch:  # for the inproc-asworker phase: the same measurement started as this worker was
             _json_dump(launch, repo.parent / "results" / "worker-launch.json")
             out["worker_python"] = launch["argv"][0]
-        for k, (isl, osl, conc, n) in enumerate(points):
-            lt = LoadTestConfig(url=cfg.grpc_url, metrics_url=f"http://127.0.0.1:{ports[2]}/metrics",
-                                concurrency=[conc], num_requests=n, warmup=warmup, input_len=str(isl),
-                                output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
-                                seed=seed + 1000 * k, request_timeout_s=300, drain_timeout_s=300,
-                                max_client_cpu=0.95)
-            cpu0, t_pt = _server_cpu(server.proc.pid), time.perf_counter()
-            rep = run_loadtest(lt)
-            cpu1, t_pt = _server_cpu(server.proc.pid), time.perf_counter() - t_pt
-            p = rep["points"][0]
-            s = p["summary"]
-            out["points"].append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc,
-                                            "requests": n}, "summary": s, "validity": p["validity"],
-                                  "client": p["client"], "requests": p["requests"],
-                                  "counter_deltas": p["server_metrics"].get("counter_deltas", {}),
-                                  "counter_window": p["server_metrics"].get("counter_window"),
-                                  "server_cpu": {"wall_s": t_pt, "cpu_s": {k: v - cpu0.get(k, 0.0)
-                                                                           for k, v in cpu1.items()}}})
-            log.info("%s %s/%s c=%d: %.0f tok/s", repo.name, isl, osl, conc, s.get("output_token_throughput", 0))
-            _partial(out)
+        _grid(out, points, engine, warmup, seed, lambda: _server_cpu(server.proc.pid), repo.name, url=cfg.grpc_url,
+              metrics_url=f"http://127.0.0.1:{ports[2]}/metrics")
     if cfg.log_file.is_file():
         import shutil
 
@@ -410,8 +417,6 @@ def openai_served(repo: Path, engine: Path, python_path: list[str], points: list
     from builders.layout import build_dir
     from builders.spec import load_spec
     from pipeline.cli import main as trtpipe
-    from pipeline.loadtest.api import run_loadtest
-    from pipeline.loadtest.config import LoadTestConfig
 
     build = load_spec(spec, target)
     root = repo.parent / "serve"
@@ -449,28 +454,8 @@ def openai_served(repo: Path, engine: Path, python_path: list[str], points: list
                 out["probes"] = {"prompts": ps, "answers": rows}
                 _partial(out)
             keep(pr.served_answers(f"127.0.0.1:{grpc}", base, build.name, ps, on_answer=keep))
-        for k, (isl, osl, conc, n) in enumerate(points):
-            lt = LoadTestConfig(url=base, endpoint="openai-completions", metrics_url=f"http://127.0.0.1:{metrics}/metrics",
-                                concurrency=[conc], num_requests=n, warmup=warmup, input_len=str(isl),
-                                output_len=str(osl), tokenizer_dir=engine, fixed_output="ignore_eos",
-                                seed=seed + 1000 * k, request_timeout_s=300, drain_timeout_s=300,
-                                max_client_cpu=0.95)
-            cpu0, t_pt = _server_cpu(pid), time.perf_counter()
-            cpu0.update(_frontend_cpu(state))
-            rep = run_loadtest(lt)
-            cpu1, t_pt = _server_cpu(pid), time.perf_counter() - t_pt
-            cpu1.update(_frontend_cpu(state))
-            p = rep["points"][0]
-            s = p["summary"]
-            out["points"].append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc,
-                                            "requests": n}, "summary": s, "validity": p["validity"],
-                                  "client": p["client"], "requests": p["requests"],
-                                  "counter_deltas": p["server_metrics"].get("counter_deltas", {}),
-                                  "counter_window": p["server_metrics"].get("counter_window"),
-                                  "server_cpu": {"wall_s": t_pt, "cpu_s": {k: v - cpu0.get(k, 0.0)
-                                                                           for k, v in cpu1.items()}}})
-            log.info("openai %s/%s c=%d: %.0f tok/s", isl, osl, conc, s.get("output_token_throughput", 0))
-            _partial(out)
+        _grid(out, points, engine, warmup, seed, lambda: {**_server_cpu(pid), **_frontend_cpu(state)}, "openai",
+              url=base, endpoint="openai-completions", metrics_url=f"http://127.0.0.1:{metrics}/metrics")
     finally:
         t1 = time.perf_counter()
         out["stop_rc"] = trtpipe(["stop", str(spec), "--target", target, "--out", str(root)])
