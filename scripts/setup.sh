@@ -18,8 +18,10 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 # The core part; `--tools` skips it when make's stamp says it is done since pyproject.toml and this file changed.
 if [ "$TOOLS" = 0 ] || ! [ .venv/.setup-done -nt pyproject.toml ] || ! [ .venv/.setup-done -nt scripts/setup.sh ]; then
-  if [ ! -x .venv/bin/python ]; then
+  if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    # none yet, or one left half-made (set-up interrupted while creating it): made anew
     echo "[setup] creating .venv with $($PY --version)"
+    rm -rf .venv
     "$PY" -m venv .venv
   fi
   .venv/bin/python -m pip install -q --upgrade pip
