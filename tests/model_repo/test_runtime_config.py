@@ -61,3 +61,43 @@ def test_kv_slots_are_the_repositorys_and_required():
     assert runtime_settings(dict(KV), BUILD)["num_blocks"] == 512 // 16
     with pytest.raises(ValueError, match="max_tokens_in_paged_kv_cache is missing"):
         runtime_settings({}, BUILD)
+
+
+@pytest.fixture
+def tiny_engine(tiny_llama, tmp_path):
+    """tiny_llama as an engine folder of the portable runtime (its engine.json names the attention)."""
+    import json
+    import shutil
+
+    out = tmp_path / "engine"
+    shutil.copytree(tiny_llama, out)
+    (out / "engine.json").write_text(json.dumps({"attn_implementation": "sdpa"}))
+    return out
+
+
+def test_a_loop_that_dies_at_start_fails_the_load_with_its_error(tiny_engine):
+    """A KV pool larger than the device's memory kills transformers' generation loop at its start (session 8 on an
+    H100); the model then reported READY and dropped every request as 'stopping or queue full'. await_loop raises
+    with the loop's own error, so the stub (or the engine worker) fails the model's load instead."""
+    engine = template_module("tensorrt_llm_pytorch", "engine_worker")
+    huge = {"max_tokens_in_paged_kv_cache": str(16 * 10**12)}  # 10^12 blocks of 16 tokens: no machine has that
+    manager, _, _ = engine.build_manager(str(tiny_engine), runtime_settings(huge, BUILD), "cpu", "float32")
+    manager.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"the generation loop died: MemoryError: .*--target"):
+            engine.await_loop(manager, timeout_s=120)
+        assert engine.loop_failure(manager).startswith("the generation loop died: MemoryError")
+    finally:
+        manager.stop(block=True, timeout=10)
+
+
+def test_a_loop_that_starts_passes_the_wait(tiny_engine):
+    engine = template_module("tensorrt_llm_pytorch", "engine_worker")
+    manager, _, _ = engine.build_manager(str(tiny_engine), runtime_settings(dict(KV), BUILD), "cpu", "float32")
+    manager.start()
+    try:
+        engine.await_loop(manager, timeout_s=120)
+        assert manager.batch_processor is not None and engine.loop_failure(manager) is None
+    finally:
+        manager.stop(block=True, timeout=10)
+    assert engine.loop_failure(manager) is None  # a stopped loop is not a dead one

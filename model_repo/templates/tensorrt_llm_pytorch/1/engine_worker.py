@@ -107,6 +107,43 @@ def build_manager(engine_dir, settings, device, dtype_name):
                             "lora": {e["task_id"]: e["name"] for e in lora_table}}
 
 
+def loop_failure(manager):
+    """Why the manager's generation loop can no longer generate (its fatal error, or that its thread has ended),
+    else None. transformers' manager keeps dropping requests once the loop died (``add_request`` returns None and
+    logs "The background thread died with a fatal error"): this names the cause instead
+    (transformers/generation/continuous_batching/continuous_api.py, BackgroundThreadStatus.fatal_error)."""
+    status = getattr(manager, "background_thread_status", None)
+    error = getattr(status, "fatal_error", None)
+    if error is not None:
+        return f"the generation loop died: {type(error).__name__}: {error}"
+    thread = getattr(manager, "_generation_thread", None)
+    if thread is not None and not thread.is_alive() and not getattr(status, "local_status", 0):
+        return "the generation loop's thread has ended"
+    return None
+
+
+def await_loop(manager, timeout_s=600.0):
+    """Wait until the started manager's loop has made its batch processor (the paged KV cache allocated), so a
+    loop that dies at its start (e.g. ``MemoryError``: the KV pool does not fit the device) fails the model's
+    load instead of leaving a READY model that drops every request. Returns after ``timeout_s`` (seconds) if the
+    loop is still starting.
+
+    Raises:
+        RuntimeError: the loop died; the message carries its error and the fix for the common cause.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        why = loop_failure(manager)
+        if why is not None:
+            raise RuntimeError(f"{why}. If the KV cache does not fit this device, build for its target "
+                               "(`--target`) or lower serving.kv_cache_free_gpu_mem_fraction")
+        if getattr(manager, "batch_processor", None) is not None or not hasattr(manager, "batch_processor"):
+            return
+        time.sleep(0.02)
+
+
 def compile_guide(table, params):
     """Compile a guided request's grammar before it joins a batch (cached per guide), so a grammar xgrammar
     cannot compile fails that request here, not the generation loop. ``params``: SamplingParams or its dict.
@@ -160,6 +197,7 @@ class Worker:
             self.manager.output_router.deliver_batch = self.on_step
             self.manager.output_router.deliver = lambda output: self.on_step([output])
             self.manager.start()
+            await_loop(self.manager)
         except Exception as exc:  # the stub reports it as the model's load error
             self.send(("fatal", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
             return
@@ -205,7 +243,7 @@ class Worker:
                 except Exception as exc:
                     added, why = None, f"{type(exc).__name__}: {exc}"
                 else:
-                    why = "stopping or queue full"
+                    why = loop_failure(self.manager) or "stopping or queue full"
                 if added is None:
                     self.forget(rid)
                     self.send(("step", [(rid, [], True, f"the runtime is not accepting requests ({why})",

@@ -172,6 +172,11 @@ class TritonPythonModel(RequestParsing, Delivery):
                     f"response_dispatch = {self.dispatch!r}: must be 'thread' or 'inline'; regenerate the repository")
             router.deliver = lambda output: router.deliver_batch([output])  # the library's error path
         self.manager.start()
+        if not self.engine_process:  # (the engine worker waits for its own loop before it says ready)
+            try:
+                engine.await_loop(self.manager)
+            except RuntimeError as exc:
+                raise pb_utils.TritonModelException(f"tensorrt_llm: {exc}") from exc
         self.canceller = threading.Thread(target=self._cancel_loop, name="trtpipe-cancel", daemon=True)
         self.cancel_period = int(_param(cfg, "cancellation_check_period_ms", "100")) / 1000.0
         self.canceller.start()
@@ -349,7 +354,8 @@ class TritonPythonModel(RequestParsing, Delivery):
             except Exception as exc:  # e.g. the manager's queue stayed full
                 added, why = None, f"{type(exc).__name__}: {exc}"
             else:
-                why = "stopping or queue full"
+                why = (engine.loop_failure(self.manager) if not self.engine_process else None) or \
+                    "stopping or queue full"
             if added is None:
                 with self.lock:
                     for other in states:
