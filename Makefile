@@ -80,7 +80,7 @@ loadtest: $(STAMP)
 	$(TRTPIPE) loadtest run $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
 
 test: $(TOOLS)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=40
 
 test-fast: $(TOOLS)
 	$(VENV)/bin/python -m pytest -q -m "not e2e and not slow"

@@ -453,6 +453,9 @@ def openai_served(repo: Path, engine: Path, python_path: list[str], points: list
             def keep(rows):
                 out["probes"] = {"prompts": ps, "answers": rows}
                 _partial(out)
+                if any("timed out" in str(v) or "TimeoutError" in str(v) for k, v in rows[-1].items()
+                       if k.endswith("_error")) and "stall_stacks" not in out:  # once: what every process was doing
+                    out["stall_stacks"] = _dump_stacks(pid, repo.parent / "results" / "openai-stall-stacks.txt")
             keep(pr.served_answers(f"127.0.0.1:{grpc}", base, build.name, ps, on_answer=keep))
         _grid(out, points, engine, warmup, seed, lambda: {**_server_cpu(pid), **_frontend_cpu(state)}, "openai",
               url=base, endpoint="openai-completions", metrics_url=f"http://127.0.0.1:{metrics}/metrics")
@@ -465,6 +468,39 @@ def openai_served(repo: Path, engine: Path, python_path: list[str], points: list
                 out.setdefault("logs", {})[name] = log_digest(Path(path))
                 shutil.copy2(path, repo.parent / "results" / f"openai-{name}.log")
     return out
+
+
+def _dump_stacks(pid: int, dest: Path) -> str:
+    """py-spy dump (Python and native frames) of tritonserver ``pid`` and every process under it, and nvidia-smi,
+    into ``dest``; returns its path (or why not). For a request that never finishes (session 8, lease B)."""
+    import shutil
+    import subprocess
+
+    spy = shutil.which("py-spy") or next((p for p in ("/tmp/site/bin/py-spy",) if Path(p).is_file()), None)
+    parts = []
+    try:
+        import psutil
+
+        procs = [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True)
+    except Exception as exc:
+        return f"no process list: {exc}"
+    for proc in procs:
+        try:
+            head = f"==== pid {proc.pid} {' '.join(proc.cmdline())[:300]} status {proc.status()} " \
+                   f"cpu {proc.cpu_times()}"
+        except Exception as exc:
+            head = f"==== pid {proc.pid}: {exc}"
+        parts.append(head)
+        if spy and "python" in (head.lower()):
+            r = subprocess.run([spy, "dump", "--pid", str(proc.pid), "--native"], capture_output=True, text=True,
+                               timeout=60)
+            parts.append(r.stdout[-20000:] + r.stderr[-2000:])
+    if shutil.which("nvidia-smi"):
+        parts.append(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text("\n".join(parts))
+    log.warning("a probe had no final response: stacks of every server process in %s", dest)
+    return str(dest)
 
 
 def _frontend_cpu(state: dict) -> dict:

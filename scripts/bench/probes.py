@@ -116,8 +116,10 @@ def served_answers(grpc_url: str, openai_base: str | None, model_id: str, ps: li
     after each request (the caller logs it and keeps what exists so far)."""
     import numpy as np
 
-    rows = []
+    rows, timeouts = [], 0
     for p in ps:
+        if timeouts >= 2:  # two requests in a row without a final response: the server is stuck, not one request
+            break
         row = {"name": p["name"], "ids": p["ids"]}
         ids = p["ids"]
         for stream in (True, False):
@@ -148,11 +150,17 @@ def served_answers(grpc_url: str, openai_base: str | None, model_id: str, ps: li
                 except Exception as exc:  # keep going: the report says which kind failed and how
                     row[kind] = None
                     row[f"{kind}_error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                    timeouts = timeouts + 1 if isinstance(exc, TimeoutError) or "timed out" in str(exc) else 0
+                else:
+                    timeouts = 0
                 row[f"{kind}_s"] = time.perf_counter() - t0
                 print(f"probe {p['name']} {kind}: {row[f'{kind}_s']:.2f} s"
                       + (f" ERROR {row[f'{kind}_error'][:300]}" if row[kind] is None else ""), flush=True)
                 if on_answer is not None:
                     on_answer(rows + [row])
+                if timeouts >= 2:
+                    print("probes: two requests in a row had no final response; the rest are skipped", flush=True)
+                    break
         rows.append(row)
     return rows
 
