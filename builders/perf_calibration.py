@@ -24,11 +24,15 @@ model to model and GPU to GPU, and no factor fitted without a model improves its
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Optional
+
+if TYPE_CHECKING:
+    from builders.plan import PerformancePrediction
 
 CONSTANTS = Path(__file__).resolve().parents[1] / "configs" / "perf_calibration.json"
 """The fitted constants and their provenance (written by ``scripts/bench/bench_prediction.py --fit``)."""
@@ -89,6 +93,58 @@ def load(path: Path = CONSTANTS) -> Calibration:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a calibration file ({type(e).__name__}: {e}); write it with "
                          "python scripts/bench/bench_prediction.py --fit") from e
+
+
+@functools.lru_cache(maxsize=8)
+def _load_once(path: str) -> Calibration:
+    """:func:`load`, once per path per process (trtpipe tune asks for every candidate)."""
+    return load(Path(path))
+
+
+def factor_for(pp_size: int, is_moe: bool, path: Path = CONSTANTS) -> Optional[float]:
+    """:func:`factor` with the constants in ``path``, or None where :func:`refusal` refuses or the file is
+    unreadable (never raises on those; ValueError for pp_size < 1)."""
+    if refusal(is_moe):
+        return None
+    try:
+        return factor(_load_once(str(path)), pp_size)
+    except ValueError:
+        if pp_size < 1:
+            raise
+        return None
+
+
+def apply(prediction: "PerformancePrediction", pp_size: int, is_moe: bool,
+          path: Path = CONSTANTS) -> "PerformancePrediction":
+    """``prediction`` with its trtllm points' output tokens/s (total and per GPU) corrected beside aiconfigurator's.
+
+    The calibrated numbers go in ``output_tokens_per_s_calibrated`` / ``output_tokens_per_s_per_gpu_calibrated``
+    of each trtllm point (vLLM and SGLang are not calibrated: the published numbers are TensorRT-LLM's); the factor
+    and its source, or why there is none, in ``calibration`` / ``calibration_factor``. Never raises: an unreadable
+    constants file is reported in ``calibration``. A prediction without aiconfigurator's points (unavailable, or the
+    roofline estimate) is returned unchanged.
+    """
+    if not prediction.available or prediction.method != "aiconfigurator":
+        return prediction
+    why = refusal(is_moe)
+    if why:
+        return prediction.model_copy(update={"calibration": why})
+    try:
+        cal = load(path)
+    except ValueError as e:
+        return prediction.model_copy(update={"calibration": f"not calibrated: {e}"})
+    f = factor(cal, pp_size)
+    backends = []
+    for b in prediction.backends:
+        if b.backend == "trtllm":
+            b = b.model_copy(update={"points": [p.model_copy(update={
+                "output_tokens_per_s_calibrated": round(p.output_tokens_per_s * f, 1),
+                "output_tokens_per_s_per_gpu_calibrated": round(p.output_tokens_per_s_per_gpu * f, 1)})
+                for p in b.points]})
+        backends.append(b)
+    note = (f"{LABEL} = aiconfigurator x {f:.3f} (exp({cal.c0:+.4f} {cal.c_pp:+.4f} x ln pp {pp_size})); "
+            f"fitted at maximum throughput, {cal.stated_error}")
+    return prediction.model_copy(update={"backends": backends, "calibration": note, "calibration_factor": round(f, 4)})
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float]:
