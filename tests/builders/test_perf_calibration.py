@@ -17,7 +17,8 @@ CONST = cal.Calibration(c0=-0.1, c_pp=-0.2, source="test", stated_error="test")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("bench_prediction", REPO / "scripts" / "bench" / "bench_prediction.py")
+    path = REPO / "scripts" / "bench" / "bench_prediction.py"
+    spec = importlib.util.spec_from_file_location("bench_prediction", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -108,7 +109,8 @@ def test_apply_keeps_aiconfigurators_number_beside_the_calibrated_one(tmp_path):
     out = cal.apply(_prediction(), 2, False, consts)
     trt, vllm = out.backends[0].points[0], out.backends[1].points[0]
     f = math.exp(-0.1 - 0.2 * math.log(2))
-    assert trt.output_tokens_per_s == 10000.0 and trt.output_tokens_per_s_calibrated == pytest.approx(10000 * f, abs=0.1)
+    assert trt.output_tokens_per_s == 10000.0
+    assert trt.output_tokens_per_s_calibrated == pytest.approx(10000 * f, abs=0.1)
     assert trt.output_tokens_per_s_per_gpu_calibrated == pytest.approx(5000 * f, abs=0.1)
     assert vllm.output_tokens_per_s_calibrated is None  # the published numbers are TensorRT-LLM's
     assert out.calibration_factor == pytest.approx(f, abs=1e-4) and "calibrated" in out.calibration
