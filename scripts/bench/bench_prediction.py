@@ -289,8 +289,12 @@ def main() -> int:
                "cores": os.cpu_count(), "python": platform.python_version(),
                "command": "python scripts/bench/bench_prediction.py " + " ".join(sys.argv[1:]),
                "source": meta["source"], "aiconfigurator": answers["meta"]}
-        Path(args.json).write_text(json.dumps({"meta": run, "summary": summary, "validation": table,
-                                               "not_covered": uncovered, "timings": t}, indent=1) + "\n")
+        drop = ("checkpoint", "config", "system", "ep")  # in the points file; one row a line below
+        digits = {"at_plan_kv": 1, "calibrated": 1, "c0": 5, "c_pp": 5}
+        rows_ = [json.dumps({k: (round(v, digits[k]) if k in digits and v is not None else v)
+                             for k, v in r.items() if k not in drop}) for r in table]
+        head = json.dumps({"meta": run, "summary": summary, "not_covered": uncovered, "timings": t}, indent=1)
+        Path(args.json).write_text(head[:-2] + ',\n "validation": [\n  ' + ",\n  ".join(rows_) + "\n ]\n}\n")
     return 0
 
 

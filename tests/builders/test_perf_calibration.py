@@ -78,7 +78,7 @@ def test_lomo_reproduces_the_committed_table_from_the_committed_data():
         assert (mine["model"], mine["gpu"], mine["isl"], mine["osl"]) == (
             theirs["model"], theirs["gpu"], theirs["isl"], theirs["osl"])
         assert mine["aiconfigurator"] == theirs["aiconfigurator"]
-        assert mine["calibrated"] == pytest.approx(theirs["calibrated"]) if theirs["calibrated"] else \
+        assert mine["calibrated"] == pytest.approx(theirs["calibrated"], abs=0.05) if theirs["calibrated"] else \
             mine["calibrated"] is None
     assert bench.summaries(table) == committed["summary"]
     # the shipped constants are the fit over every dense point
