@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from builders import roofline
+from builders import perf_calibration, roofline
 from builders.plan import BackendPrediction, PerformancePrediction, Plan, PredictedPoint
 from builders.spec import ResolvedBuild
 from plugins.architectures import architecture
@@ -310,6 +310,7 @@ def predict_plan(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_con
             points=[_point(c, a) for c, a in good],
             error=(f"no prediction at some concurrencies: {errors[0]}" if errors else None)))
     inputs = {k: v for k, v in base.items() if k not in ("model_dir", "system", "isl", "osl")}
-    return PerformancePrediction(available=True, source=SOURCE, system=base["system"], isl=base["isl"],
+    pred = PerformancePrediction(available=True, source=SOURCE, system=base["system"], isl=base["isl"],
                                  osl=base["osl"], inputs=inputs, backends=out,
                                  elapsed_s=round(time.monotonic() - t0, 2), cached=cached == len(points))
+    return perf_calibration.apply(pred, plan.serving_pp, plan.model.is_moe)  # the uncorrected numbers stay

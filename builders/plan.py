@@ -269,6 +269,11 @@ class PredictedPoint(_Frozen):
     output_tokens_per_s_per_user: float
     kv_cache_warning: Optional[str] = None
     """aiconfigurator's own KV-capacity check, where it disagrees with this plan's KV pool."""
+    output_tokens_per_s_calibrated: Optional[float] = None
+    """output_tokens_per_s corrected by builders/perf_calibration.py (fitted to TensorRT-LLM's published
+    throughput); None where the correction does not apply (PerformancePrediction.calibration says why)."""
+    output_tokens_per_s_per_gpu_calibrated: Optional[float] = None
+    """The same per GPU (tp x pp)."""
 
 
 class BackendPrediction(_Frozen):
@@ -313,6 +318,11 @@ class PerformancePrediction(_Frozen):
     backends: list[BackendPrediction] = []
     elapsed_s: float = 0.0
     cached: bool = False
+    calibration: str = ""
+    """builders/perf_calibration.py on the trtllm points: the factor, its source and stated error, or why it does
+    not apply ("" for the roofline estimate and without predictions)."""
+    calibration_factor: Optional[float] = None
+    """The multiplier calibrated / aiconfigurator output tokens/s (dimensionless); None where not applied."""
 
 
 class CustomCode(_Frozen):

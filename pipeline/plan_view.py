@@ -146,7 +146,9 @@ def render_performance(plan: Plan, con: Console) -> None:
     title = (f"estimated speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}: {perf.source}" if roofline
              else f"predicted speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}")
     t = Table(title=title, title_justify="left")
-    for col in ("framework", "conc", "TTFT ms", "TPOT ms", "latency s", "tok/s", "tok/s/GPU", "tok/s/user"):
+    calibrated = any(p.output_tokens_per_s_calibrated is not None for b in perf.backends for p in b.points)
+    tok = ("tok/s (aiconfigurator)", "tok/s (calibrated)") if calibrated else ("tok/s",)
+    for col in ("framework", "conc", "TTFT ms", "TPOT ms", "latency s", *tok, "tok/s/GPU", "tok/s/user"):
         t.add_column(col, justify="left" if col == "framework" else "right", no_wrap=col == "framework")
     per_user = "tok/s/user is one stream's speed (1000 / TPOT), tok/s all streams' output over the whole request"
     if roofline:
@@ -164,7 +166,7 @@ def render_performance(plan: Plan, con: Console) -> None:
     for b in perf.backends:
         label = f"{b.backend} (roofline)" if roofline else b.backend
         if not b.points:
-            t.add_row(label, "-", "-", "-", "-", "-", "-", "-")
+            t.add_row(label, *["-"] * (7 + calibrated))
             notes.append(f"{b.backend}: no prediction from database {b.version} ({b.error})")
             continue
         if not roofline:
@@ -172,14 +174,18 @@ def render_performance(plan: Plan, con: Console) -> None:
                 f", {100 * b.measured_share:.0f}% of the latency from measured kernels"
             notes.append(f"{b.backend}: database {b.version} ({b.database_mode.lower()}){share}")
         for i, p in enumerate(b.points):
+            cal = [] if not calibrated else ["-" if p.output_tokens_per_s_calibrated is None
+                                             else f"{p.output_tokens_per_s_calibrated:,.0f}"]
             t.add_row(label if i == 0 else "", str(p.concurrency), f"{p.ttft_ms:.1f}", f"{p.tpot_ms:.2f}",
-                      f"{p.request_latency_ms / 1000:.2f}", f"{p.output_tokens_per_s:,.0f}",
+                      f"{p.request_latency_ms / 1000:.2f}", f"{p.output_tokens_per_s:,.0f}", *cal,
                       f"{p.output_tokens_per_s_per_gpu:,.0f}", f"{p.output_tokens_per_s_per_user:,.1f}")
         if b.error:
             notes.append(f"{b.backend}: {b.error}")
         warn = next((p.kv_cache_warning for p in b.points if p.kv_cache_warning), None)
         if warn:
             notes.append(f"{b.backend}: aiconfigurator: {warn}")
+    if perf.calibration:
+        notes.append(f"trtllm: {perf.calibration}")
     if [b.backend for b in perf.backends] == ["trtllm"] and not roofline:
         notes.append("vLLM and SGLang on the same GPUs: trtpipe plan --compare-frameworks")
     con.print(t)

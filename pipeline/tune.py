@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import yaml
 
-from builders import perf_model, preflight
+from builders import perf_calibration, perf_model, preflight
 from builders.layout import build_root
 from builders.plan import Plan
 from builders.spec import ResolvedBuild, parse_build_file, read_yaml, resolve_target
@@ -289,6 +289,9 @@ def tune(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config
         if not a.get("ok"):
             s.refused = f"aiconfigurator: {a.get('error')}"
             continue
+        plan = plans[s.candidate][1]  # ranked by aiconfigurator's numbers; the calibrated one is shown beside
+        f = perf_calibration.factor_for(plan.serving_pp, plan.model.is_moe)
+        s.prediction["tokens_per_s_per_gpu_calibrated"] = None if f is None else a["tokens_per_s_per_gpu"] * f
         version = version or a.get("backend_version")
         over = [f"TTFT {a['ttft_ms']:.0f} ms > {slo.ttft_ms:g}" for _ in [0] if a["ttft_ms"] > slo.ttft_ms]
         over += [f"TPOT {a['tpot_ms']:.1f} ms > {slo.tpot_ms:g}" for _ in [0] if a["tpot_ms"] > slo.tpot_ms]
@@ -368,13 +371,15 @@ def tuned_build_file(spec_path: Path, out_path: Path, build: ResolvedBuild, resu
             model[key] = rebase(model[key])
     a = best.prediction
     slo = result.slo
+    calibrated = a.get("tokens_per_s_per_gpu_calibrated")
     head = [f"Written by `trtpipe tune {spec_path.name} --target {build.target} --isl {slo.isl} --osl {slo.osl} "
             f"--ttft-ms {slo.ttft_ms:g} --tpot-ms {slo.tpot_ms:g} --gpus {result.gpus} --max-ppl-delta-pct "
             f"{result.max_ppl_delta_pct:g}`.",
             f"Predicted (aiconfigurator {perf_model.AICONFIGURATOR_VERSION}, trtllm {a.get('backend_version')} "
             f"database, {a.get('database_mode', '').lower()}; a prediction, not a measurement): "
             f"TTFT {a['ttft_ms']:.0f} ms, TPOT {a['tpot_ms']:.1f} ms at {best.concurrency} in flight, "
-            f"{a['tokens_per_s_per_gpu']:,.0f} output tok/s per GPU.",
+            f"{a['tokens_per_s_per_gpu']:,.0f} output tok/s per GPU"
+            + ("." if calibrated is None else f" ({calibrated:,.0f} calibrated, builders/perf_calibration.py)."),
             f"targets.{build.target} holds the choice; why each setting:"]
     head += [f"  {r}" for r in reasons(result)]
     text = "".join(f"# {line}\n" for line in head)

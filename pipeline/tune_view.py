@@ -20,13 +20,14 @@ def _row(s: Scored, mark: str = "") -> list[str]:
     return [mark + c.quant_algo, c.kv_cache_quant_algo or "16-bit", f"{c.tp_size}x{c.pp_size}{ep}",
             str(c.max_batch_size), str(c.max_num_tokens), f"{c.kv_cache_free_gpu_mem_fraction:g}", str(s.concurrency),
             f"{p['ttft_ms']:.0f}", f"{p['tpot_ms']:.1f}", f"{p['tokens_per_s_per_gpu']:,.0f}",
+            "-" if p.get("tokens_per_s_per_gpu_calibrated") is None else f"{p['tokens_per_s_per_gpu_calibrated']:,.0f}",
             f"{p['tokens_per_s_per_user']:,.0f}", "yes" if s.meets_slo else s.misses]
 
 
 def _table(title: str, rows: list[Scored], best: Optional[Scored]) -> Table:
     t = Table(title=title, title_justify="left")
-    for col in ("quant", "kv", "tpxpp", "bs", "mnt", "kvfrac", "conc", "TTFT", "TPOT", "tok/s/GPU", "tok/s/user",
-                "SLO"):
+    for col in ("quant", "kv", "tpxpp", "bs", "mnt", "kvfrac", "conc", "TTFT", "TPOT", "tok/s/GPU", "calibrated",
+                "tok/s/user", "SLO"):
         t.add_column(col, justify="left" if col in ("quant", "kv", "tpxpp", "SLO") else "right")
     for s in rows:
         t.add_row(*_row(s, "*" if s is best else ""))
@@ -55,7 +56,8 @@ def render_tune(build, result: TuneResult, default: Optional[list[tuple[dict, st
     front = result.pareto()
     con.print(_table(f"Pareto front (tok/s/GPU vs tok/s/user), {min(len(front), PARETO_ROWS)} of {len(front)}; "
                      "* the choice; bs max_batch_size, mnt max_num_tokens, kvfrac kv_cache_free_gpu_mem_fraction, "
-                     "conc requests in flight, TTFT/TPOT ms", front[:PARETO_ROWS], result.best))
+                     "conc requests in flight, TTFT/TPOT ms, calibrated tok/s/GPU builders/perf_calibration.py's "
+                     "(the ranking is aiconfigurator's)", front[:PARETO_ROWS], result.best))
     if result.best is None:
         con.print(_table("closest candidates (none meets the targets)", result.closest(), None))
         return

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from builders import perf_model, preflight
+from builders import perf_calibration, perf_model, preflight
 from builders.spec import load_spec
 from plugins.architectures import ARCHITECTURES
 from plugins.recipes import QUANT_RECIPES
@@ -142,9 +142,16 @@ def test_plan_predicts_tensorrt_llm_alone_unless_asked(tmp_path, capsys):
     plan_json = tmp_path / "plan.json"
     assert main(["plan", str(LLAMA), "--target", "h200", "--isl", "1000", "--osl", "1000", "--no-progress",
                  "--output", str(plan_json)]) == 0
-    assert "trtpipe plan --compare-frameworks" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "trtpipe plan --compare-frameworks" in out
+    assert "calibrated" in out  # the table's column and the note (wrapped at the test's width)
     perf = json.loads(plan_json.read_text())["performance"]
     assert [b["backend"] for b in perf["backends"]] == ["trtllm"]
+    # plan.json keeps aiconfigurator's number and the calibrated one beside it (builders/perf_calibration.py)
+    f = perf_calibration.factor_for(1, False)
+    assert perf["calibration_factor"] == pytest.approx(f, abs=1e-4) and "leave one model out" in perf["calibration"]
+    for p in perf["backends"][0]["points"]:
+        assert p["output_tokens_per_s_calibrated"] == pytest.approx(p["output_tokens_per_s"] * f, abs=0.1)
     assert main(["plan", str(LLAMA), "--target", "h200", "--isl", "1000", "--osl", "1000", "--no-progress",
                  "--output", str(plan_json), "--compare-frameworks"]) == 0
     assert "--compare-frameworks" not in capsys.readouterr().out

@@ -49,6 +49,18 @@ def test_the_choice_has_the_most_goodput_per_gpu_within_the_slo(searched):
         s.tokens_per_s_per_gpu for s in result.scored if not s.refused and s.prediction.get("ok"))
 
 
+def test_the_calibrated_number_stands_beside_aiconfigurators(searched):
+    from builders import perf_calibration
+
+    _, _, result = searched
+    ranked = [s for s in result.scored if not s.refused and s.prediction.get("ok")]
+    assert ranked
+    for s in ranked:  # Llama-3-8B is dense: every candidate is calibrated, by its own pp_size
+        f = perf_calibration.factor_for(s.candidate.pp_size, False)
+        assert s.prediction["tokens_per_s_per_gpu_calibrated"] == pytest.approx(s.tokens_per_s_per_gpu * f)
+        assert s.tokens_per_s_per_gpu == s.prediction["tokens_per_s_per_gpu"]  # the ranking stays aiconfigurator's
+
+
 def test_rules_memory_and_accuracy_drop_candidates(searched):
     build, target, result = searched
     # the pre-flight rule against FP8 KV with KV reuse on 16-bit weights (TensorRT-LLM 1.2 paged context FMHA)
