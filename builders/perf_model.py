@@ -5,7 +5,8 @@ only) carries per-GPU databases of measured kernel timings for TensorRT-LLM, vLL
 into TTFT, TPOT and throughput of an aggregated in-flight-batching worker. It needs numpy >= 2.1, the
 pipeline pins numpy < 2 (Triton's Python backend), so it lives in its own environment (``.aiconfigurator/``,
 made by ``make setup``; ``$TRTPIPE_AICONFIGURATOR_PYTHON`` points elsewhere) and runs through
-``builders/aiconfigurator_worker.py``, which calls its Python API (``aiconfigurator.cli.api.cli_estimate``).
+``builders/aiconfigurator_worker.py``, which makes ``aiconfigurator.cli.api.cli_estimate``'s calls on the SDK below it
+(the same numbers without importing the CLI's pandas / matplotlib stack; the worker's docstring says why).
 Without it the plan has no predictions and says why. On a target it has no database for (:func:`no_database`: no
 system, or an estimate-only one) the plan carries the first-principles estimate of builders/roofline.py instead,
 labelled as such.
