@@ -238,7 +238,8 @@ def estimate(point: dict, versions: _Versions, via: str = "sdk") -> dict:
         try:
             r = route(point, version, mode, kwargs)
         except Exception as e:  # the library raises ValueError, RuntimeError (OOM) and its own errors
-            msg = _short(e).replace(f"'{point['model_dir']}'", "the model")
+            quoted = f"'{point['model_dir']}'"  # our cache folder means nothing to the reader
+            msg = _short(e).replace(f"the model {quoted}", "the model").replace(quoted, "the model")
             if "OOM" in msg or mode == "HYBRID":
                 return {**out, "ok": False, "error": first_error or msg, "backend_version": version}
             first_error = msg

@@ -68,7 +68,7 @@ def test_the_sdk_route_answers_as_cli_estimate_does(points):
     assert {p["gemm_quant_mode"] for p, _ in ok} >= {"fp8_static", "int4_wo"}
     assert {p["isl"] for p, _ in ok} == {1000, 2048, 512}
     assert any(a["kv_cache_warning"] for _, a in ok)  # 64 sequences of 2304 tokens in 10% of the free memory
-    assert not sdk[-1]["ok"] and sdk[-1]["error"].startswith("RuntimeError: OOM: the model")
+    assert not sdk[-1]["ok"] and sdk[-1]["error"].startswith("RuntimeError: OOM: the model does not fit in GPU memory")
 
 
 def test_unknown_route_is_refused():
