@@ -46,8 +46,8 @@ BACKENDS = ("trtllm", "vllm", "sglang")
 """The frameworks aiconfigurator models; trtllm is the build's own, the others are side by side."""
 WORKER = Path(__file__).with_name("aiconfigurator_worker.py")
 SPLIT_AT = 200
-"""Points of one framework above which they are spread over one process per core (each loads the database,
-~3 s, so short lists stay in one)."""
+"""Points of one framework above which they are spread over one process per core (each process imports the library
+and loads the database, ~1.5 s of CPU, then answers a point in a few ms, so short lists stay in one)."""
 ESTIMATE_ONLY = frozenset({"l4"})
 """aiconfigurator 0.12.0's systems without a database of any framework: ``systems/l4.yaml`` is "estimate-only ... No
 built-in silicon performance database is provided for this PCIe SKU"; its SILICON and HYBRID modes refuse it
