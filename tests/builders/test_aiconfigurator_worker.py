@@ -33,9 +33,9 @@ CASES = [  # (build, target, overrides, isl, osl, frameworks)
 
 @pytest.fixture(scope="module")
 def points(tmp_path_factory) -> list[dict]:
-    """The worker's points for :data:`CASES` at concurrency 1 and 64, made as ``trtpipe plan`` makes them, plus two
-    built by hand that no shipped build plans: Mixtral INT4 weights (its INT4 export is refused) and Mixtral 16-bit
-    on one H100 (out of memory)."""
+    """The worker's points for :data:`CASES` at concurrency 1 and 64, made as ``trtpipe plan`` makes them, plus three
+    built by hand that no shipped build plans: Qwen3 MoE with the expert-TP size left out, Mixtral INT4 weights (its
+    INT4 export is refused) and Mixtral 16-bit on one H100 (out of memory)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TRTPIPE_CACHE", str(tmp_path_factory.mktemp("aic-cache")))  # model_dir writes config.json there
     out = []
@@ -46,7 +46,9 @@ def points(tmp_path_factory) -> list[dict]:
         plan = preflight.make_plan(build, target, cfg, isl=isl, osl=osl)
         base = perf_model.base_point(build, target, plan, cfg)
         out += [perf_model.at_concurrency(base, b, c) for b in frameworks for c in (1, 64)]
-    mixtral = out[-1]
+    qwen3 = next(p for p in out if p["moe_ep_size"] == 2 and p["batch_size"] == 64)
+    out.append({**qwen3, "moe_tp_size": None})  # left to the library to infer (moe_tp 1 from tp 2 / ep 2)
+    mixtral = next(p for p in out if p["moe_tp_size"] == 4 and p["batch_size"] == 64)
     out.append({**mixtral, "gemm_quant_mode": "int4_wo", "moe_quant_mode": "int4_wo", "kvcache_quant_mode": "bfloat16"})
     out.append({**mixtral, "tp_size": 1, "moe_tp_size": 1, "moe_ep_size": 1, "gemm_quant_mode": "bfloat16",
                 "moe_quant_mode": "bfloat16"})
