@@ -88,16 +88,49 @@ def _silicon_share(data: dict | None, source: dict | None) -> float | None:
     return round(silicon / total, 4) if total > 0 else None
 
 
+def latest_version(system: str, backend: str) -> str | None:
+    """``get_latest_database_version(system, backend)``'s answer, read from the version slots where they decide it.
+
+    aiconfigurator_core/sdk/perf_database.py 0.12.0: with slots for (system, backend) and at least one declared
+    version folder of the backend in the system's data folder, "latest" is ``slots["current"]``; the library gets
+    there by scanning every system's YAML and database folders (``get_supported_databases``, ~0.2 s of CPU, a
+    seventh of a cold plan's prediction). Anything else (no slots, no declared folder, a helper missing, an
+    unreadable system YAML) asks the library itself. tests/builders/test_aiconfigurator_worker.py holds the two
+    equal for every system and framework.
+    """
+    from aiconfigurator.sdk.perf_database import get_latest_database_version, get_systems_paths, get_version_slots
+
+    try:
+        import os
+
+        import yaml
+        from aiconfigurator.sdk.perf_database import _declared_versions
+
+        slots = get_version_slots(system, backend)
+        declared = False
+        for root in get_systems_paths():
+            spec_path = os.path.join(root, f"{system}.yaml")
+            if not os.path.isfile(spec_path):
+                continue
+            with open(spec_path) as f:
+                spec = yaml.safe_load(f)
+            data_dir = os.path.join(root, spec.get("data_dir", ""))
+            declared = declared or (os.path.isdir(data_dir) and bool(_declared_versions(data_dir, backend)))
+        if slots is not None and declared:
+            return slots["current"]
+    except Exception:  # a helper renamed, a YAML the library would skip: its own answer
+        pass
+    return get_latest_database_version(system=system, backend=backend)
+
+
 class _Versions:
     def __init__(self):
         self._cache: dict[tuple[str, str], str | None] = {}
 
     def get(self, system: str, backend: str) -> str | None:
-        from aiconfigurator.sdk.perf_database import get_latest_database_version
-
         key = (system, backend)
         if key not in self._cache:
-            self._cache[key] = get_latest_database_version(system=system, backend=backend)
+            self._cache[key] = latest_version(system, backend)
         return self._cache[key]
 
 

@@ -104,3 +104,35 @@ def test_the_default_route_skips_the_cli_and_only_a_check_that_cannot_act(points
                           json.dumps(points[0]), str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.splitlines()[-1]) == {"ok": True, "loaded": [], "fmha_check": [False, True]}
+
+
+VERSIONS_PROBE = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+import aiconfigurator_worker as w
+import aiconfigurator.sdk.perf_database as db
+w._fast_yaml()
+systems = sorted({e[:-5] for root in db.get_systems_paths() for e in os.listdir(root) if e.endswith(".yaml")})
+pairs = [(s, b) for s in systems + ["no_such_gpu"] for b in ("trtllm", "vllm", "sglang")]
+library = {f"{s}/{b}": db.get_latest_database_version(system=s, backend=b) for s, b in pairs}
+db.get_latest_database_version = lambda **_: "library"  # which answers the shortcut left to the library
+ours = {f"{s}/{b}": w.latest_version(s, b) for s, b in pairs}
+print(json.dumps({"library": library, "ours": ours}))
+"""
+
+
+def test_the_version_shortcut_answers_as_the_library_does():
+    """latest_version reads the version slots instead of scanning every system; for every system the installed
+    library ships (and one it does not) and every framework it gives get_latest_database_version's answer."""
+    run = subprocess.run([str(perf_model.interpreter()), "-c", VERSIONS_PROBE, str(perf_model.WORKER.parent)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = json.loads(run.stdout.splitlines()[-1])
+    library, ours = got["library"], got["ours"]
+    shortcut = {k for k, v in ours.items() if v != "library"}
+    assert {k: ours[k] for k in shortcut} == {k: library[k] for k in shortcut}
+    # every system of the plan's targets is answered by the shortcut; what it leaves has no database at all
+    assert {f"{s}/{b}" for s in ("h100_sxm", "h200_sxm", "b200_sxm", "a100_sxm", "l40s")
+            for b in ("trtllm", "vllm", "sglang")} <= shortcut
+    assert all(library[k] is None for k in set(ours) - shortcut), {k: library[k] for k in set(ours) - shortcut}
+    assert library["h200_sxm/trtllm"] == "1.3.0rc20"
