@@ -5,7 +5,8 @@ only) carries per-GPU databases of measured kernel timings for TensorRT-LLM, vLL
 into TTFT, TPOT and throughput of an aggregated in-flight-batching worker. It needs numpy >= 2.1, the
 pipeline pins numpy < 2 (Triton's Python backend), so it lives in its own environment (``.aiconfigurator/``,
 made by ``make setup``; ``$TRTPIPE_AICONFIGURATOR_PYTHON`` points elsewhere) and runs through
-``builders/aiconfigurator_worker.py``, which calls its Python API (``aiconfigurator.cli.api.cli_estimate``).
+``builders/aiconfigurator_worker.py``, which makes ``aiconfigurator.cli.api.cli_estimate``'s calls on the SDK below it
+(the same numbers without importing the CLI's pandas / matplotlib stack; the worker's docstring says why).
 Without it the plan has no predictions and says why. On a target it has no database for (:func:`no_database`: no
 system, or an estimate-only one) the plan carries the first-principles estimate of builders/roofline.py instead,
 labelled as such.
@@ -45,8 +46,8 @@ BACKENDS = ("trtllm", "vllm", "sglang")
 """The frameworks aiconfigurator models; trtllm is the build's own, the others are side by side."""
 WORKER = Path(__file__).with_name("aiconfigurator_worker.py")
 SPLIT_AT = 200
-"""Points of one framework above which they are spread over one process per core (each loads the database,
-~3 s, so short lists stay in one)."""
+"""Points of one framework above which they are spread over one process per core (each process imports the library
+and loads the database, ~1.5 s of CPU, then answers a point in a few ms, so short lists stay in one)."""
 ESTIMATE_ONLY = frozenset({"l4"})
 """aiconfigurator 0.12.0's systems without a database of any framework: ``systems/l4.yaml`` is "estimate-only ... No
 built-in silicon performance database is provided for this PCIe SKU"; its SILICON and HYBRID modes refuse it
