@@ -66,6 +66,23 @@ def default_server(built_default, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def frontend(default_server, built_default, tmp_path_factory):
+    """The OpenAI frontend as ``trtpipe serve`` launches it, in front of :func:`default_server` (a free port). One for
+    the session: every module that asks the default build through the OpenAI API shares it (its tests read the
+    frontend's and the server's counters as differences, never as absolute values)."""
+    from builders.spec import load_spec
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, free_ports
+
+    launch = frontend_launch(load_spec(DEFAULT_BUILD, "cpu"), default_server.cfg, free_ports(1)[0],
+                             built_default / "engine")
+    launch.log_file = tmp_path_factory.mktemp("frontend") / "openai_frontend.log"
+    fe = OpenAIFrontend(launch).start()
+    yield fe
+    fe.stop(10)
+
+
 def start_server(model_repo: Path, log_dir: Path):
     """A started real tritonserver on ``model_repo`` (free ports, 127.0.0.1, its log in ``log_dir``); the caller
     stops it."""

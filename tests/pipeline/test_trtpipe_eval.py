@@ -360,6 +360,3 @@ def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damage
         theirs = json.loads(sorted(ref.rglob("results_*.json"))[-1].read_text())["results"][task]
         for key, m in good["source"]["metrics"][task].items():
             assert m["value"] == theirs[key], (task, key)
-
-
-from tests.pipeline.test_openai_frontend import frontend  # noqa: E402,F401  (the frontend on a free port, reused)
