@@ -66,6 +66,43 @@ def default_server(built_default, tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def frontend(default_server, built_default, tmp_path_factory):
+    """The OpenAI frontend as ``trtpipe serve`` launches it, in front of :func:`default_server` (a free port). One for
+    the session: every module that asks the default build through the OpenAI API shares it (its tests read the
+    frontend's and the server's counters as differences, never as absolute values)."""
+    from builders.spec import load_spec
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, free_ports
+
+    launch = frontend_launch(load_spec(DEFAULT_BUILD, "cpu"), default_server.cfg, free_ports(1)[0],
+                             built_default / "engine")
+    launch.log_file = tmp_path_factory.mktemp("frontend") / "openai_frontend.log"
+    fe = OpenAIFrontend(launch).start()
+    yield fe
+    fe.stop(10)
+
+
+@pytest.fixture(scope="session")
+def lm_eval_once(tmp_path_factory):
+    """tests/pipeline/test_lm_eval.py's ``run_lm_eval`` without its ``out`` argument, run once per distinct command
+    for the session (each its own output folder): an lm_eval run against the session's :func:`frontend` is a
+    deterministic function of its arguments (greedy, float32), so the modules that compare with the same run
+    (test_lm_eval.py, test_trtpipe_eval.py) share it instead of repeating it."""
+    from tests.pipeline.test_lm_eval import run_lm_eval
+
+    done: dict = {}
+
+    def run(model: str, endpoint: str, url: str, tokenizer: Path, task: str, *extra: str, **model_args):
+        key = (model, endpoint, url, str(tokenizer), task, extra, tuple(sorted(model_args.items())))
+        if key not in done:
+            done[key] = run_lm_eval(tmp_path_factory.mktemp("lm-eval"), model, endpoint, url, tokenizer, task,
+                                    *extra, **model_args)
+        return done[key]
+
+    return run
+
+
 def start_server(model_repo: Path, log_dir: Path):
     """A started real tritonserver on ``model_repo`` (free ports, 127.0.0.1, its log in ``log_dir``); the caller
     stops it."""

@@ -130,13 +130,17 @@ def test_bad_arguments_and_no_server_give_clear_errors(capsys):
 
 @pytest.mark.e2e
 def test_smollm2_closed_and_open(request, tmp_path):
+    """The closed loop on a server ``loadtest run --model-repo`` starts and stops itself; the open loop on the
+    session's server of the same repository (``--url``: the repository still gives the tokenizer and manifest)."""
     try:
         built = request.getfixturevalue("built_default")
+        server = request.getfixturevalue("default_server")
     except pytest.FixtureLookupError:
-        pytest.skip("needs the built_default fixture (tests/conftest.py) with the SmolLM2 build")
+        pytest.skip("needs the built_default and default_server fixtures (tests/conftest.py) with the SmolLM2 build")
     build_dir = Path(getattr(built, "build_dir", built))
     repo = build_dir / "model_repo" if (build_dir / "model_repo").is_dir() else build_dir
-    for shape in (["--concurrency", "2"], ["--rate", "1"]):
+    running = ["--url", server.cfg.grpc_url, "--metrics-url", f"http://127.0.0.1:{server.cfg.metrics_port}/metrics"]
+    for shape in (["--concurrency", "2"], ["--rate", "1", *running]):
         out = tmp_path / shape[0].strip("-")
         assert main(["loadtest", "run", "--model-repo", str(repo), *shape, "--num-requests", "4", "--warmup", "1",
                      "--input-len", "16", "--output-len", "8", "--ignore-eos", "--allow-invalid",

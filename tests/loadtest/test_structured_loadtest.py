@@ -156,22 +156,6 @@ def test_an_answer_sent_whole_at_the_end_has_no_tpot():
 # ---- end to end: the default build on the real server --------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def frontend(default_server, built_default, tmp_path_factory):
-    """The OpenAI frontend on the session's server (as tests/pipeline/test_structured_outputs.py starts it)."""
-    from builders.spec import load_spec
-    from pipeline.launch_config import frontend_launch
-    from pipeline.serve import OpenAIFrontend
-    from tests.conftest import DEFAULT_BUILD
-
-    launch = frontend_launch(load_spec(DEFAULT_BUILD, "cpu"), default_server.cfg, free_ports(1)[0],
-                             built_default / "engine")
-    launch.log_file = tmp_path_factory.mktemp("frontend") / "openai_frontend.log"
-    fe = OpenAIFrontend(launch).start()
-    yield fe
-    fe.stop(10)
-
-
 @pytest.mark.e2e
 def test_constrained_load_counts_valid_answers(default_server, frontend, built_default, person, tools, tmp_path,
                                                capsys):

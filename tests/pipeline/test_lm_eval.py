@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ASSETS, REPO
-from tests.pipeline.test_openai_frontend import frontend  # noqa: F401  (the frontend on a free port, reused)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -115,10 +114,10 @@ def mc_reference(hf):
 
 
 @pytest.mark.parametrize("tokenized", [False, True], ids=["text-prompts", "token-id-prompts"])
-def test_loglikelihood_task_scores_what_transformers_scores(frontend, built_default, mc_reference, tmp_path,
+def test_loglikelihood_task_scores_what_transformers_scores(frontend, built_default, mc_reference, lm_eval_once,
                                                             tokenized):
-    results, samples, _ = run_lm_eval(tmp_path, "local-completions", "completions", frontend.launch.url,
-                                      built_default / "engine", "trtpipe_mc", tokenized_requests=tokenized)
+    results, samples, _ = lm_eval_once("local-completions", "completions", frontend.launch.url,
+                                       built_default / "engine", "trtpipe_mc", tokenized_requests=tokenized)
     task = results["results"]["trtpipe_mc"]
     assert all(isinstance(task[m], float) and math.isfinite(task[m]) for m in ("acc,none", "acc_norm,none"))
     items = _items("mc.jsonl")
@@ -137,12 +136,12 @@ def test_loglikelihood_task_scores_what_transformers_scores(frontend, built_defa
     assert task["acc_norm,none"] == pytest.approx(sum(r["acc_norm"] for r in mc_reference) / n, abs=1e-12)
 
 
-def test_loglikelihood_task_with_batched_token_id_prompts(frontend, built_default, mc_reference, tmp_path):
+def test_loglikelihood_task_with_batched_token_id_prompts(frontend, built_default, mc_reference, lm_eval_once):
     """lm_eval's ``--batch_size 4`` sends four token-id prompts in one completion request, as OpenAI's legacy API
     and vLLM take them, and reads each choice by its ``index``: the scores are the reference's, item by item."""
-    results, samples, _ = run_lm_eval(tmp_path, "local-completions", "completions", frontend.launch.url,
-                                      built_default / "engine", "trtpipe_mc", "--batch_size", "4",
-                                      tokenized_requests=True)
+    results, samples, _ = lm_eval_once("local-completions", "completions", frontend.launch.url,
+                                       built_default / "engine", "trtpipe_mc", "--batch_size", "4",
+                                       tokenized_requests=True)
     samples = sorted(samples, key=lambda s: s["doc_id"])  # logged in the order lm_eval batched them
     assert [s["doc_id"] for s in samples] == list(range(len(mc_reference)))
     for s, ref in zip(samples, mc_reference):
@@ -153,11 +152,11 @@ def test_loglikelihood_task_with_batched_token_id_prompts(frontend, built_defaul
     assert task["acc,none"] == pytest.approx(sum(r["acc"] for r in mc_reference) / len(mc_reference), abs=1e-12)
 
 
-def test_generate_until_task_through_chat_answers_what_transformers_answers(frontend, built_default, hf, tmp_path):
+def test_generate_until_task_through_chat_answers_what_transformers_answers(frontend, built_default, hf, lm_eval_once):
     import torch
 
-    results, samples, _ = run_lm_eval(tmp_path, "local-chat-completions", "chat/completions", frontend.launch.url,
-                                      built_default / "engine", "trtpipe_gen", "--apply_chat_template")
+    results, samples, _ = lm_eval_once("local-chat-completions", "chat/completions", frontend.launch.url,
+                                       built_default / "engine", "trtpipe_gen", "--apply_chat_template")
     em = results["results"]["trtpipe_gen"]["exact_match,none"]
     assert isinstance(em, float) and 0.0 <= em <= 1.0
     items = _items("gen.jsonl")

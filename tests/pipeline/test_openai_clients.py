@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.pipeline.test_openai_frontend import frontend  # noqa: F401  (the frontend on a free port, reused)
 
 pytestmark = pytest.mark.e2e
 

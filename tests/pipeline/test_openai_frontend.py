@@ -21,21 +21,6 @@ MODEL = "smollm2-135m"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def frontend(default_server, built_default, tmp_path_factory):
-    from builders.spec import load_spec
-    from pipeline.launch_config import frontend_launch
-    from pipeline.serve import OpenAIFrontend, free_ports
-    from tests.conftest import DEFAULT_BUILD
-
-    build = load_spec(DEFAULT_BUILD, "cpu")
-    launch = frontend_launch(build, default_server.cfg, free_ports(1)[0], built_default / "engine")
-    launch.log_file = tmp_path_factory.mktemp("frontend") / "openai_frontend.log"
-    fe = OpenAIFrontend(launch).start()
-    yield fe
-    fe.stop(10)
-
-
 @pytest.fixture
 def client(frontend):
     import openai
@@ -259,6 +244,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_blocks(fr
     metrics = f"http://127.0.0.1:{default_server.cfg.metrics_port}/metrics"
     total = _metric(metrics, "trtpipe_runtime_kv_cache_blocks", 'state="total"')
     cancelled = _metric(metrics, "trtpipe_runtime_total", 'kind="cancelled"')
+    fe_cancelled = _metric(frontend.launch.url + "/metrics", "trtpipe_openai_cancelled_total")  # the session's
     conn = http.client.HTTPConnection("127.0.0.1", frontend.launch.port, timeout=120)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 1500,
             "temperature": 0, "stream": True}
@@ -280,7 +266,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_blocks(fr
     assert _metric(metrics, "trtpipe_runtime_kv_cache_blocks", 'state="free"') == total, "blocks not given back"
     # by the cancellation, not by running on to 1500 tokens (minutes on CPU)
     assert _metric(metrics, "trtpipe_runtime_total", 'kind="cancelled"') == cancelled + 1
-    assert _metric(frontend.launch.url + "/metrics", "trtpipe_openai_cancelled_total") >= 1
+    assert _metric(frontend.launch.url + "/metrics", "trtpipe_openai_cancelled_total") == fe_cancelled + 1
     urllib.request.urlopen(frontend.launch.url + "/health", timeout=10)  # 200: still serving
 
 

@@ -47,13 +47,6 @@ def _frontend(default_server, tokenizer_dir, log_dir):
 
 
 @pytest.fixture(scope="module")
-def frontend(default_server, built_default, tmp_path_factory):
-    fe = _frontend(default_server, built_default / "engine", tmp_path_factory.mktemp("frontend"))
-    yield fe
-    fe.stop(10)
-
-
-@pytest.fixture(scope="module")
 def client(frontend):
     import openai
 

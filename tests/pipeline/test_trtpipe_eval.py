@@ -141,9 +141,8 @@ def _digest(folder: Path) -> dict:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_trtpipe_eval_equals_lm_evals_own_run(frontend, built_default, tmp_path, capsys):  # noqa: F811
+def test_trtpipe_eval_equals_lm_evals_own_run(frontend, built_default, lm_eval_once, capsys):
     from pipeline.cli import main
-    from tests.pipeline.test_lm_eval import run_lm_eval
 
     before = _digest(built_default)
     url = frontend.launch.url
@@ -162,10 +161,12 @@ def test_trtpipe_eval_equals_lm_evals_own_run(frontend, built_default, tmp_path,
     assert len(recorded) == evaluations + 1 and recorded[-1]["run"] == str(run)
     assert recorded[-1]["scores"]["trtpipe_mc"] == {k: m["value"] for k, m in report["metrics"]["trtpipe_mc"].items()}
 
-    mc, _, _ = run_lm_eval(tmp_path / "mc", "local-completions", "completions", url, built_default / "engine",
-                           "trtpipe_mc")
-    gen, _, _ = run_lm_eval(tmp_path / "gen", "local-chat-completions", "chat/completions", url,
-                            built_default / "engine", "trtpipe_gen", "--apply_chat_template")
+    # lm_eval's own runs with what trtpipe eval gives it (local-completions sends token ids by default:
+    # tokenized_requests=True), shared with tests/pipeline/test_lm_eval.py, which checks them against transformers
+    mc, _, _ = lm_eval_once("local-completions", "completions", url, built_default / "engine", "trtpipe_mc",
+                            tokenized_requests=True)
+    gen, _, _ = lm_eval_once("local-chat-completions", "chat/completions", url, built_default / "engine",
+                             "trtpipe_gen", "--apply_chat_template")
     for task, ref in (("trtpipe_mc", mc), ("trtpipe_gen", gen)):
         theirs = ref["results"][task]
         ours = report["metrics"][task]
@@ -360,6 +361,3 @@ def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damage
         theirs = json.loads(sorted(ref.rglob("results_*.json"))[-1].read_text())["results"][task]
         for key, m in good["source"]["metrics"][task].items():
             assert m["value"] == theirs[key], (task, key)
-
-
-from tests.pipeline.test_openai_frontend import frontend  # noqa: E402,F401  (the frontend on a free port, reused)
