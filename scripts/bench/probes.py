@@ -24,6 +24,7 @@ import json
 import queue
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -61,6 +62,7 @@ def _grpc(url: str, model: str, inputs: dict, timeout_s: float = TIMEOUT_S) -> l
 
     client = grpcclient.InferenceServerClient(url)
     got: queue.Queue = queue.Queue()
+    finished = False
     try:
         tensors = []
         for name, value in inputs.items():
@@ -84,9 +86,12 @@ def _grpc(url: str, model: str, inputs: dict, timeout_s: float = TIMEOUT_S) -> l
             if o:
                 outs.append(o)
             if resp.parameters["triton_final_response"].bool_param:
+                finished = True
                 return outs
     finally:
-        client.stop_stream(cancel_requests=False)  # never cancel a finished request (tritonserver 2.51)
+        # never cancel a finished request (tritonserver 2.51 crashed on it); an unfinished one is cancelled, else
+        # stop_stream waits for its final response forever (session 9: a 120 s timeout became an 11-minute hang)
+        client.stop_stream(cancel_requests=not finished)
         client.close()
 
 
@@ -95,7 +100,11 @@ def _http(base: str, path: str, body: dict, timeout_s: float = TIMEOUT_S) -> str
     req = urllib.request.Request(base.rstrip("/") + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     chat = path.endswith("chat/completions")
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout_s)
+    except urllib.error.HTTPError as exc:  # the API's error body says why (session 9 kept only "500")
+        raise RuntimeError(f"HTTP {exc.code}: {exc.read()[:1500].decode(errors='replace')}") from None
+    with resp:
         if not body.get("stream"):
             choice = json.loads(resp.read())["choices"][0]
             return choice["message"]["content"] or "" if chat else choice["text"]
