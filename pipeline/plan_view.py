@@ -145,11 +145,10 @@ def render_performance(plan: Plan, con: Console) -> None:
     roofline = perf.method == "roofline"
     title = (f"estimated speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}: {perf.source}" if roofline
              else f"predicted speed on {perf.system} at ISL {perf.isl} / OSL {perf.osl}")
-    t = Table(title=title, title_justify="left")
     calibrated = any(p.output_tokens_per_s_calibrated is not None for b in perf.backends for p in b.points)
     tok = ("tok/s (aiconfigurator)", "tok/s (calibrated)") if calibrated else ("tok/s",)
-    for col in ("framework", "conc", "TTFT ms", "TPOT ms", "latency s", *tok, "tok/s/GPU", "tok/s/user"):
-        t.add_column(col, justify="left" if col == "framework" else "right", no_wrap=col == "framework")
+    columns = ("framework", "conc", "TTFT ms", "TPOT ms", "latency s", *tok, "tok/s/GPU", "tok/s/user")
+    rows: list[tuple] = []
     per_user = "tok/s/user is one stream's speed (1000 / TPOT), tok/s all streams' output over the whole request"
     if roofline:
         notes = [f"{perf.source}, because {perf.reason}: the roofline of the plan's bytes and FLOPs per step "
@@ -166,7 +165,7 @@ def render_performance(plan: Plan, con: Console) -> None:
     for b in perf.backends:
         label = f"{b.backend} (roofline)" if roofline else b.backend
         if not b.points:
-            t.add_row(label, *["-"] * (7 + calibrated))
+            rows.append((label, *["-"] * (7 + calibrated)))
             notes.append(f"{b.backend}: no prediction from database {b.version} ({b.error})")
             continue
         if not roofline:
@@ -176,9 +175,9 @@ def render_performance(plan: Plan, con: Console) -> None:
         for i, p in enumerate(b.points):
             cal = [] if not calibrated else ["-" if p.output_tokens_per_s_calibrated is None
                                              else f"{p.output_tokens_per_s_calibrated:,.0f}"]
-            t.add_row(label if i == 0 else "", str(p.concurrency), f"{p.ttft_ms:.1f}", f"{p.tpot_ms:.2f}",
-                      f"{p.request_latency_ms / 1000:.2f}", f"{p.output_tokens_per_s:,.0f}", *cal,
-                      f"{p.output_tokens_per_s_per_gpu:,.0f}", f"{p.output_tokens_per_s_per_user:,.1f}")
+            rows.append((label if i == 0 else "", str(p.concurrency), f"{p.ttft_ms:.1f}", f"{p.tpot_ms:.2f}",
+                         f"{p.request_latency_ms / 1000:.2f}", f"{p.output_tokens_per_s:,.0f}", *cal,
+                         f"{p.output_tokens_per_s_per_gpu:,.0f}", f"{p.output_tokens_per_s_per_user:,.1f}"))
         if b.error:
             notes.append(f"{b.backend}: {b.error}")
         warn = next((p.kv_cache_warning for p in b.points if p.kv_cache_warning), None)
@@ -186,8 +185,25 @@ def render_performance(plan: Plan, con: Console) -> None:
             notes.append(f"{b.backend}: aiconfigurator: {warn}")
     if perf.calibration:
         notes.append(f"trtllm: {perf.calibration}")
+    if calibrated:
+        notes.append("tok/s (calibrated) is the throughput to quote; TTFT, TPOT, latency, tok/s/GPU and tok/s/user "
+                     "are aiconfigurator's, uncorrected")
+    widths = [max([len(w) for w in col.split()] + [len(r[j]) for r in rows]) for j, col in enumerate(columns)]
+    groups = [list(range(len(columns)))]
+    if sum(w + 3 for w in widths) + 1 > con.width:  # too narrow for one table: latency, then throughput
+        groups = [[0, 1, 2, 3, 4], [0, 1] + list(range(5, len(columns)))]
+    tables = []
+    for g, keep in enumerate(groups):
+        t = Table(title=title if g == 0 else None, title_justify="left")
+        for j in keep:  # numbers are never cut: each column at least as wide as its longest value
+            t.add_column(columns[j], justify="left" if j == 0 else "right", no_wrap=j == 0, overflow="fold",
+                         min_width=widths[j])
+        for r in rows:
+            t.add_row(*[r[j] for j in keep])
+        tables.append(t)
     if [b.backend for b in perf.backends] == ["trtllm"] and not roofline:
         notes.append("vLLM and SGLang on the same GPUs: trtpipe plan --compare-frameworks")
-    con.print(t)
+    for t in tables:
+        con.print(t)
     for n in notes:
         con.print(f"  {n}", highlight=False)
