@@ -275,8 +275,8 @@ def predict_plan(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_con
     """The plan's predictions: each backend at :func:`concurrencies` of the plan's in-flight sequences
     (``memory.kv.workload_concurrency``: max_batch_size, or fewer where the KV pool holds fewer of the plan's
     ISL+OSL). Never raises: what cannot be predicted is ``available: false`` with the reason. Where aiconfigurator
-    has no database for the target (:func:`no_database`), builders/roofline.py estimates instead, for TensorRT-LLM
-    alone."""
+    has no database for the target (:func:`no_database`), or is not installed or fails, builders/roofline.py
+    estimates instead, for TensorRT-LLM alone, with aiconfigurator's reason."""
     t0 = time.monotonic()
     why = refusal(build, target, hf_config)
     concs = concurrencies(plan.memory.kv.workload_concurrency)
@@ -291,8 +291,8 @@ def predict_plan(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_con
     points = [at_concurrency(base, b, c) for b in backends for c in concs]
     try:
         answers, cached = estimate(points, progress=progress)
-    except PerfModelUnavailable as e:
-        return PerformancePrediction(available=False, reason=str(e))
+    except PerfModelUnavailable as e:  # not installed, or its process failed: the labelled estimate instead
+        return roofline.predict_plan(plan, target, concs, str(e))
     out = []
     for b in backends:
         rows = [(c, a) for (p, a), c in zip(zip(points, answers), concs * len(backends)) if p["backend"] == b]

@@ -116,13 +116,16 @@ def test_plan_predictions_from_the_library(fresh_cache):
     assert again.cached and again.backends == perf.backends
 
 
-def test_a_missing_library_leaves_the_plan_without_predictions(monkeypatch, tmp_path):
+def test_a_missing_library_gives_the_labelled_roofline_estimate(monkeypatch, tmp_path):
+    """Without aiconfigurator (tools not installed yet) the plan still estimates, labelled, and says why."""
     monkeypatch.setenv("TRTPIPE_AICONFIGURATOR_PYTHON", str(tmp_path / "nope" / "python"))
     monkeypatch.setenv("TRTPIPE_CACHE", str(tmp_path / "cache"))
     build, target, cfg = load_spec(LLAMA, "h200"), get_target("h200"), hf_config("llama-3-8b")
     plan = preflight.make_plan(build, target, cfg)
     perf = perf_model.predict_plan(build, target, plan, cfg)
-    assert not perf.available and "TRTPIPE_AICONFIGURATOR_PYTHON" in perf.reason
+    assert perf.available and perf.method == "roofline" and "TRTPIPE_AICONFIGURATOR_PYTHON" in perf.reason
+    assert [b.backend for b in perf.backends] == ["trtllm"] and perf.backends[0].points
+    assert perf.calibration == ""  # the correction is aiconfigurator's, not the estimate's
 
 
 def test_the_worker_reports_a_failed_process(monkeypatch, tmp_path):
