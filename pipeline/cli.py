@@ -1042,7 +1042,8 @@ def make_parser() -> argparse.ArgumentParser:
     q.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     q.add_argument("--system", default=None, help="optional system message")
     q.add_argument("--raw", action="store_true", help="send the prompt as is, without the chat template")
-    q.add_argument("--url", default=None, help="gRPC host:port (default 127.0.0.1:<serving.grpc_port>)")
+    q.add_argument("--url", default=None, help="gRPC host:port (default: the running server's, as trtpipe serve "
+                                                "recorded it, else 127.0.0.1:<serving.grpc_port>)")
     q.add_argument("--model", default=None, metavar="NAME",
                    help="a LoRA adapter of the build file's lora.adapters (its lora_task_id, from the build's "
                         "plan.json, goes with the request), or the build's name for the base model (the default)")
