@@ -147,22 +147,6 @@ def apply(prediction: "PerformancePrediction", pp_size: int, is_moe: bool,
     return prediction.model_copy(update={"backends": backends, "calibration": note, "calibration_factor": round(f, 4)})
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting for the small normal equations of :func:`fit`."""
-    n = len(b)
-    m = [row[:] + [v] for row, v in zip(a, b)]
-    for col in range(n):
-        piv = max(range(col, n), key=lambda r: abs(m[r][col]))
-        if abs(m[piv][col]) < 1e-12:
-            raise ValueError("the points do not determine the constants (a regressor is constant or missing)")
-        m[col], m[piv] = m[piv], m[col]
-        for r in range(n):
-            if r != col:
-                k = m[r][col] / m[col][col]
-                m[r] = [x - k * y for x, y in zip(m[r], m[col])]
-    return [m[i][n] / m[i][i] for i in range(n)]
-
-
 def fit(rows: Iterable[dict]) -> tuple[float, float]:
     """Least-squares (c0, c_pp) of ln(published / predicted) on :func:`features`.
 
@@ -183,11 +167,10 @@ def fit(rows: Iterable[dict]) -> tuple[float, float]:
         ys.append(math.log(r["published"] / r["predicted"]))
     if len({x[1] for x in xs}) < 2:
         return sum(ys) / len(ys), 0.0
-    k = len(xs[0])
-    ata = [[sum(x[i] * x[j] for x in xs) for j in range(k)] for i in range(k)]
-    aty = [sum(x[i] * y for x, y in zip(xs, ys)) for i in range(k)]
-    c0, c_pp = _solve(ata, aty)
-    return c0, c_pp
+    import numpy as np
+
+    (c0, c_pp), *_ = np.linalg.lstsq(np.array(xs), np.array(ys), rcond=None)
+    return float(c0), float(c_pp)
 
 
 def leave_one_model_out(rows: list[dict], key: Callable[[dict], str] = lambda r: r["model"]) -> list[dict]:
