@@ -354,8 +354,7 @@ class TritonPythonModel(RequestParsing, Delivery):
             except Exception as exc:  # e.g. the manager's queue stayed full
                 added, why = None, f"{type(exc).__name__}: {exc}"
             else:
-                why = (engine.loop_failure(self.manager) if not self.engine_process else None) or \
-                    "stopping or queue full"
+                why = engine.loop_failure(self.manager) or "stopping or queue full"  # (None for the proxy)
             if added is None:
                 with self.lock:
                     for other in states:
