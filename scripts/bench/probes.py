@@ -5,6 +5,7 @@ frontend applies it. Served (the `openai` phase, one request at a time, on the s
 
   tensorrt_llm   gRPC straight to the runtime model: the prompt's ids in, ``output_ids`` out, streamed and not
   ensemble       gRPC text in / text out (preprocessing -> tensorrt_llm -> postprocessing), streamed and not
+  bls            gRPC text in / text deltas out of tensorrt_llm_bls (what the OpenAI frontend calls), streamed
   completions    the OpenAI frontend's /v1/completions (the tensorrt_llm_bls model), streamed and not
   chat           /v1/chat/completions with the user message alone (the frontend applies the template)
 
@@ -37,8 +38,8 @@ PROMPTS = (("ascii", "What is the capital of France? Answer in one sentence."),
            ("cjk", "東京で一番有名な食べ物は？ 🍣 请用中文回答。"),
            ("accented", "Écris une phrase sur la mer, s'il te plaît."))
 REPLACEMENT = "\ufffd"
-SERVED_KINDS = ("trt_stream", "trt_infer", "ensemble_stream", "ensemble_infer", "completions_stream",
-                "completions_infer", "chat_stream", "chat_infer")
+SERVED_KINDS = ("trt_stream", "trt_infer", "ensemble_stream", "ensemble_infer", "bls_stream",
+                "completions_stream", "completions_infer", "chat_stream", "chat_infer")
 
 
 def prompts(tokenizer_dir: Path, add_special_tokens: bool) -> list[dict]:
@@ -145,6 +146,13 @@ def served_answers(grpc_url: str, openai_base: str | None, model_id: str, ps: li
                         "exclude_input_in_output": np.array([[True]])})
                     if o.get("text_output") is not None for x in o["text_output"].reshape(-1).tolist()),
             }
+            if stream:  # the model the OpenAI frontend calls, without the frontend (it always streams)
+                calls["bls_stream"] = lambda: "".join(
+                    x.decode() for o in _grpc(grpc_url, "tensorrt_llm_bls", {
+                        "text_input": np.array([[p["text"].encode()]], dtype=object),
+                        "max_tokens": np.array([[max_tokens]]), "stream": np.array([[True]]),
+                        "exclude_input_in_output": np.array([[True]])})
+                    if o.get("text_output") is not None for x in o["text_output"].reshape(-1).tolist())
             if openai_base:
                 common = {"model": model_id, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
                 calls[f"completions_{suffix}"] = lambda: _http(openai_base, "/completions",
