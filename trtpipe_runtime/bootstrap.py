@@ -15,8 +15,14 @@ import sys
 def set_up_sys_path(model_file: str) -> list[str]:
     """Put the version folder of the model whose ``<model>/1/<file>.py`` is ``model_file`` first on sys.path (its
     modules and its copy of this package win), then its site-packages folders (TRTPIPE_PYTHONPATH, else
-    ``<model>/sys_path.json``), and make the modules named in TRTPIPE_STUB_BLOCK_MODULES look absent. Returns
-    the folders put first, first first."""
+    ``<model>/sys_path.json``), and make the modules named in TRTPIPE_STUB_BLOCK_MODULES look absent. Also turns
+    on :mod:`faulthandler`: a stub that dies of a signal (SIGSEGV, SIGABRT, ...) writes every thread's Python stack
+    to its stderr, which tritonserver's log keeps (else the stub vanishes and Triton only says "not healthy").
+    Returns the folders put first, first first."""
+    import faulthandler
+
+    if not faulthandler.is_enabled():
+        faulthandler.enable(all_threads=True)
     entries = [p for p in os.environ.get("TRTPIPE_PYTHONPATH", "").split(os.pathsep) if p]
     if not entries:
         f = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(model_file))), "sys_path.json")

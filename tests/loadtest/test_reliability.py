@@ -205,3 +205,22 @@ def test_url_runs_count_tokens_with_the_builds_tokenizer(tmp_path, capsys, caplo
     assert rep["tokenizer"].startswith("words") and rep["points"][0]["summary"]["input_tokens_per_request"]["mean"] == 2
     assert "counted by: words" in capsys.readouterr().out
     assert any("counted in words, not the model's tokens" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.e2e
+def test_a_stub_that_dies_of_a_signal_leaves_its_python_stacks_in_the_server_log(tmp_path):
+    """A Python-backend stub killed by SIGSEGV writes faulthandler's report (every thread's stack) to the
+    tritonserver log (trtpipe_runtime.bootstrap), instead of vanishing with only Triton's "not healthy" later."""
+    import psutil
+
+    with _trivial_tritonserver(tmp_path, token_delay_us=1000) as srv:
+        stubs = [p for p in psutil.Process(srv.proc.pid).children(recursive=True)
+                 if "triton_python_backend_stub" in " ".join(p.cmdline())]
+        assert stubs, "no Python-backend stub under tritonserver"
+        os.kill(stubs[0].pid, signal.SIGSEGV)
+        deadline = time.monotonic() + 60  # hang guard only
+        while "Fatal Python error: Segmentation fault" not in srv.log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline, srv.log_path.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+    log = srv.log_path.read_text(errors="replace")
+    assert "most recent call first" in log and 'File "' in log, log[-3000:]
