@@ -487,13 +487,20 @@ def cmd_serve(args) -> int:
     if _already_serving(args, state, wanted):
         return 0
     check_ports(cfg, launch)  # every port before anything starts (Triton takes tens of seconds to be READY)
-    server = TritonServer(cfg).start(detach=args.detach)
+    # both start at once (the frontend's imports overlap the models' loading), then each is waited for
+    server = TritonServer(cfg).start(detach=args.detach, wait=False)
     frontend = None
     try:
         if launch is not None:
             launch.triton_pid = server.proc.pid  # it exits once this tritonserver has
-            frontend = OpenAIFrontend(launch).start(detach=args.detach)
+            frontend = OpenAIFrontend(launch)
+            frontend.start(detach=args.detach, wait=False)
+        server.wait_ready()
+        if frontend is not None:
+            frontend.wait_ready()
     except BaseException:
+        if frontend is not None:
+            frontend.stop()
         server.stop()
         raise
     write_state(state, server, frontend)

@@ -255,9 +255,12 @@ class _ServerProcess:
         self.log_path = log_path
         self.started_at: float | None = None  # time.time() at the spawn (reap_orphans' since)
 
-    def _launch(self, argv: list[str], env: dict, detach: bool):
-        """Spawn ``argv`` and wait until the server is ready (:meth:`wait_ready`); stop it on any failure."""
+    def _launch(self, argv: list[str], env: dict, detach: bool, wait: bool = True):
+        """Spawn ``argv`` and (``wait``) wait until the server is ready (:meth:`wait_ready`); stop it on any
+        failure."""
         self._spawn(argv, env, detach)
+        if not wait:
+            return self
         try:
             self.wait_ready()
         except BaseException:
@@ -330,7 +333,13 @@ class TritonServer(_ServerProcess):
         super().__init__(cfg.log_file or (cfg.model_repository.parent / "tritonserver.log"))
         self.cfg = cfg
 
-    def start(self, detach: bool = False) -> "TritonServer":
+    def start(self, detach: bool = False, wait: bool = True) -> "TritonServer":
+        """Check the repository, ports, shared memory and GPUs, spawn tritonserver and (``wait``) wait until every
+        model is READY (else the caller calls :meth:`wait_ready`).
+
+        Raises:
+            ServerError: not a trtpipe repository, a port taken, too few GPUs, or (``wait``) not ready in time.
+        """
         cfg = self.cfg
         if not (cfg.model_repository / "ensemble" / "config.pbtxt").is_file():
             raise ServerError(f"{cfg.model_repository} is not a model repository built by trtpipe "
@@ -345,7 +354,7 @@ class TritonServer(_ServerProcess):
         env = server_environment(os.environ)
         if cfg.python_path:
             env["TRTPIPE_PYTHONPATH"] = os.pathsep.join(cfg.python_path)
-        return self._launch(command(cfg), env, detach)
+        return self._launch(command(cfg), env, detach, wait)
 
     def state(self) -> dict:
         """What :func:`write_state` records for this server."""
@@ -457,8 +466,8 @@ class OpenAIFrontend(_ServerProcess):
         super().__init__(launch.log_file or Path("openai_frontend.log"))
         self.launch = launch
 
-    def start(self, detach: bool = False) -> "OpenAIFrontend":
-        """Start it and wait for ``/health``.
+    def start(self, detach: bool = False, wait: bool = True) -> "OpenAIFrontend":
+        """Start it and (``wait``) wait for ``/health`` (else the caller calls :meth:`wait_ready`).
 
         Raises:
             ServerError: the port is taken, or it exited or did not answer in time (then it is stopped).
@@ -466,7 +475,7 @@ class OpenAIFrontend(_ServerProcess):
         if not port_free(self.launch.port, self.launch.address):
             raise ServerError(f"port {self.launch.port} on {self.launch.address} already in use (the OpenAI "
                               "frontend's): stop the process holding it, or pass --openai-port, or --no-openai")
-        return self._launch(self.launch.argv(), dict(os.environ), detach)
+        return self._launch(self.launch.argv(), dict(os.environ), detach, wait)
 
     def wait_ready(self) -> None:
         """Block until ``GET /health`` answers 200 (Triton ready behind it), or raise ServerError."""

@@ -172,3 +172,31 @@ def test_query_sends_to_the_port_the_running_server_recorded(tmp_path):
                                                       "grpc": "127.0.0.1:45678"}))
     assert query_url(None, build, tmp_path) == "127.0.0.1:45678"
     assert query_url("10.0.0.1:8001", build, tmp_path) == "10.0.0.1:8001"
+
+
+def test_serve_that_fails_stops_the_frontend_it_started_beside_tritonserver(tmp_path, capsys):
+    """`trtpipe serve` starts the OpenAI frontend while tritonserver loads its models; when tritonserver fails, the
+    frontend it started goes too (its port is free again, no process of it left)."""
+    import psutil
+
+    from pipeline.cli import main
+
+    out, repo = tmp_path / "out", tmp_path / "repo"
+    (out / "smollm2-135m" / "cpu").mkdir(parents=True)
+    for model in ("ensemble", "tensorrt_llm"):  # configs tritonserver refuses at once (no platform or backend)
+        (repo / model).mkdir(parents=True)
+        (repo / model / "config.pbtxt").write_text(f'name: "{model}"\n')
+    ports = free_ports(4)
+    argv = ["serve", "--out", str(out), "--model-repo", str(repo), "--timeout", "120"]
+    for flag, port in zip(("--http-port", "--grpc-port", "--metrics-port", "--openai-port"), ports):
+        argv += [flag, str(port)]
+    before = {p.pid for p in psutil.process_iter()}
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "tritonserver exited" in err or "not READY" in err, err
+    assert (repo.parent / "openai_frontend.log").is_file()  # started before tritonserver was READY
+    left = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.pid not in before
+            and "pipeline.openai_frontend" in " ".join(p.info["cmdline"] or []) and str(ports[3]) in p.info["cmdline"]]
+    assert not left, [p.info["cmdline"] for p in left]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[3]))  # the frontend's port is free again
