@@ -294,7 +294,7 @@ def inproc(engine: Path, repo: Path, device: str, dtype: str, points: list[tuple
             s = summarize(recs)
             results.append({"point": {"input_len": isl, "output_len": osl, "concurrency": conc, "requests": n},
                             "summary": s, "generation_steps": steps[0] - before})
-            log.info("inproc %s/%s c=%d: %.0f tok/s", isl, osl, conc, s.get("output_token_throughput", 0))
+            log.info("inproc %s/%s c=%d: %.0f tok/s", isl, osl, conc, s.get("output_token_throughput") or 0)
             _partial({"settings": settings, "init_s": init_s, "points": results})
         answers = None
         if probes:  # after the points: the same ids the `openai` phase sends, one request at a time
@@ -375,7 +375,7 @@ def _grid(out: dict, points: list[tuple], engine: Path, warmup: int, seed: int, 
                               "counter_window": p["server_metrics"].get("counter_window"),
                               "server_cpu": {"wall_s": t_pt, "cpu_s": {k: v - cpu0.get(k, 0.0)
                                                                        for k, v in cpu1.items()}}})
-        log.info("%s %s/%s c=%d: %.0f tok/s", label, isl, osl, conc, s.get("output_token_throughput", 0))
+        log.info("%s %s/%s c=%d: %.0f tok/s", label, isl, osl, conc, s.get("output_token_throughput") or 0)
         _partial(out)
 
 

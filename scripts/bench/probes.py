@@ -5,7 +5,8 @@ frontend applies it. Served (the `openai` phase, one request at a time, on the s
 
   tensorrt_llm   gRPC straight to the runtime model: the prompt's ids in, ``output_ids`` out, streamed and not
   ensemble       gRPC text in / text out (preprocessing -> tensorrt_llm -> postprocessing), streamed and not
-  bls            gRPC text in / text deltas out of tensorrt_llm_bls (what the OpenAI frontend calls), streamed
+  bls            gRPC text in / text deltas out of tensorrt_llm_bls (what the OpenAI frontend calls), streamed;
+                 bls_asked: the frontend's own inputs and its two outputs asked by name
   completions    the OpenAI frontend's /v1/completions (the tensorrt_llm_bls model), streamed and not
   chat           /v1/chat/completions with the user message alone (the frontend applies the template)
 
@@ -38,7 +39,7 @@ PROMPTS = (("ascii", "What is the capital of France? Answer in one sentence."),
            ("cjk", "東京で一番有名な食べ物は？ 🍣 请用中文回答。"),
            ("accented", "Écris une phrase sur la mer, s'il te plaît."))
 REPLACEMENT = "\ufffd"
-SERVED_KINDS = ("trt_stream", "trt_infer", "ensemble_stream", "ensemble_infer", "bls_stream",
+SERVED_KINDS = ("trt_stream", "trt_infer", "ensemble_stream", "ensemble_infer", "bls_stream", "bls_asked",
                 "completions_stream", "completions_infer", "chat_stream", "chat_infer")
 
 
@@ -56,8 +57,9 @@ def prompts(tokenizer_dir: Path, add_special_tokens: bool) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------ served
-def _grpc(url: str, model: str, inputs: dict, timeout_s: float = TIMEOUT_S) -> list[dict]:
-    """One request on a gRPC stream until its final response: the outputs of every response."""
+def _grpc(url: str, model: str, inputs: dict, timeout_s: float = TIMEOUT_S, outputs: tuple[str, ...] = ()) -> list[dict]:
+    """One request on a gRPC stream until its final response: the outputs of every response (``outputs``: only
+    these requested, else all)."""
     import numpy as np
     import tritonclient.grpc as grpcclient
 
@@ -73,7 +75,8 @@ def _grpc(url: str, model: str, inputs: dict, timeout_s: float = TIMEOUT_S) -> l
             t.set_data_from_numpy(arr.astype(np.int32) if dtype == "INT32" else arr)
             tensors.append(t)
         client.start_stream(callback=lambda result, error: got.put((result, error)))
-        client.async_stream_infer(model, tensors, request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+        client.async_stream_infer(model, tensors, request_id=uuid.uuid4().hex, enable_empty_final_response=True,
+                                  outputs=[grpcclient.InferRequestedOutput(n) for n in outputs] or None)
         outs = []
         while True:
             try:
@@ -152,6 +155,13 @@ def served_answers(grpc_url: str, openai_base: str | None, model_id: str, ps: li
                         "text_input": np.array([[p["text"].encode()]], dtype=object),
                         "max_tokens": np.array([[max_tokens]]), "stream": np.array([[True]]),
                         "exclude_input_in_output": np.array([[True]])})
+                    if o.get("text_output") is not None for x in o["text_output"].reshape(-1).tolist())
+                # the OpenAI frontend's own request (pipeline.client.build_inputs, its two outputs asked by name)
+                calls["bls_asked"] = lambda: "".join(
+                    x.decode() for o in _grpc(grpc_url, "tensorrt_llm_bls", {
+                        "text_input": np.array([[p["text"].encode()]], dtype=object),
+                        "max_tokens": np.array([[max_tokens]]), "stream": np.array([[True]])},
+                        outputs=("text_output", "num_output_tokens"))
                     if o.get("text_output") is not None for x in o["text_output"].reshape(-1).tolist())
             if openai_base:
                 common = {"model": model_id, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
