@@ -132,8 +132,9 @@ class Serving:
         return self.error(path, APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}", param=param))
 
     async def health(self) -> JSONResponse:
-        """200 ``{"status": "ok"}`` when Triton and its model are ready, else 503 ``{"status": "unavailable"}``."""
-        ok = await self.triton.ready()
+        """200 ``{"status": "ok"}`` when Triton and its model are ready and the model answers (its Python-backend stub
+        alive: :meth:`Triton.stub_alive`), else 503 ``{"status": "unavailable"}``."""
+        ok = await self.triton.ready() and await self.triton.stub_alive()
         return JSONResponse({"status": "ok" if ok else "unavailable"}, status_code=200 if ok else 503)
 
     def prometheus(self) -> PlainTextResponse:

@@ -33,7 +33,8 @@ def triton_error(message: str) -> APIError:
     if any(k in m for k in ("queue", "overload", "too many", "exceeds maximum queue size", "busy")):
         return APIError(503, f"the server is overloaded, retry later: {message}", "server_error",
                         code="overloaded")
-    if any(k in m for k in ("unavailable", "failed to connect", "connection refused", "socket closed", "shutting down")):
+    if any(k in m for k in ("unavailable", "failed to connect", "connection refused", "socket closed", "shutting down",
+                            "is not healthy")):  # Python backend: the model's stub process died
         return APIError(503, f"the inference server is unavailable: {message}", "server_error",
                         code="unavailable")
     if any(k in m for k in ("exceed", "must be", "invalid", "expected", "out of range", "not supported")):
@@ -70,14 +71,67 @@ class Triton:
         except Exception:  # unreachable, starting, stopping
             return False
 
+    async def stub_alive(self, timeout_s: float = 5.0) -> bool:
+        """Whether the Triton model still answers: a request with only optional inputs (as many as it has required
+        ones, so Triton hands it to the model) must come back with the model's own refusal. Triton's Python backend
+        keeps a model READY after its stub process died and answers every request "Stub process '...' is not
+        healthy" (python_backend src/python_be.cc): that answer, or none in ``timeout_s``, is False. True when the
+        model's config gives no such probe (no optional inputs to send)."""
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        from pipeline.client import stream_request
+
+        cfg = await self._config()
+        if cfg is None:
+            return False
+        required = [i for i in cfg.get("input", []) if not i.get("optional")]
+        probe = [i for i in cfg.get("input", []) if i.get("optional") and i.get("data_type") == "TYPE_INT32"
+                 and [int(d) for d in i.get("dims", [])] == [1]][:max(1, len(required))]
+        if len(probe) < max(1, len(required)):
+            return True
+        batched = int(cfg.get("max_batch_size", 0)) > 0
+        inputs = []
+        for i in probe:
+            t = grpcclient.InferInput(i["name"], [1, 1] if batched else [1], "INT32")
+            t.set_data_from_numpy(np.zeros([1, 1] if batched else [1], dtype=np.int32))
+            inputs.append(t)
+        req = stream_request(self.cfg.triton_model, "trtpipe-health-" + uuid.uuid4().hex, inputs, [])
+
+        async def requests():
+            yield req
+
+        call = self.client._client_stub.ModelStreamInfer(requests(), metadata=self.client._get_metadata(None),
+                                                         timeout=timeout_s)
+        answered = False
+        try:
+            async for resp in call:
+                answered = True  # the model's refusal (alive), or Triton's word that its stub died
+                return "is not healthy" not in (resp.error_message or "")
+            return True
+        except Exception:  # no answer in time, or Triton went away
+            return False
+        finally:
+            if answered:  # let the server close it: cancelling a finished BLS request crashed tritonserver 2.51
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(_drain(call), timeout_s)
+            else:
+                call.cancel()
+
+    async def _config(self) -> Optional[dict]:
+        try:
+            cfg = await self.client.get_model_config(self.cfg.triton_model, as_json=True)
+        except Exception:  # unreachable
+            return None
+        return cfg.get("config", cfg)
+
     async def inputs(self) -> Optional[set]:
         """The names of the Triton model's inputs (its config, asked once; None while Triton cannot say)."""
         if getattr(self, "_inputs", None) is None:
-            try:
-                cfg = await self.client.get_model_config(self.cfg.triton_model, as_json=True)
-            except Exception:  # unreachable: ask again next time
+            cfg = await self._config()
+            if cfg is None:  # unreachable: ask again next time
                 return None
-            self._inputs = {i["name"] for i in cfg.get("config", cfg).get("input", [])}
+            self._inputs = {i["name"] for i in cfg.get("input", [])}
         return self._inputs
 
     async def generate(self, prompt: str, max_tokens: int, stop: list[str], extra: dict,

@@ -499,3 +499,48 @@ def test_bad_completion_logprobs_are_400s_naming_the_field(client, kwargs, param
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(**{"model": MODEL, "prompt": "Hi", "max_tokens": 2, **kwargs})
     assert err.value.body["param"] == param and err.value.body["message"]
+
+
+def test_a_dead_bls_stub_turns_health_to_503_and_requests_to_unavailable(built_default, tmp_path):
+    """Triton keeps a Python model READY after its stub process died (session 10 on an H100: tensorrt_llm_bls's stub
+    died under the frontend's first request) and answers each request "Stub process ... is not healthy". The
+    frontend's /health then says 503 (a load balancer stops sending), and requests get 503 ``unavailable``."""
+    import os
+    import signal
+
+    import psutil
+
+    from builders.spec import load_spec
+    from pipeline.launch_config import frontend_launch
+    from pipeline.serve import OpenAIFrontend, free_ports
+    from tests.conftest import DEFAULT_BUILD, start_server
+
+    server = start_server(built_default / "model_repo", tmp_path)
+    try:
+        launch = frontend_launch(load_spec(DEFAULT_BUILD, "cpu"), server.cfg, free_ports(1)[0], built_default / "engine")
+        launch.log_file = tmp_path / "openai_frontend.log"
+        fe = OpenAIFrontend(launch).start()
+        try:
+            assert urllib.request.urlopen(launch.url + "/health", timeout=30).status == 200
+            bls = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+                   if "tensorrt_llm_bls_0_0" in " ".join(p.cmdline())]
+            assert len(bls) == 1, "no tensorrt_llm_bls stub under tritonserver"
+            os.kill(bls[0].pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30  # dead: gone, or a zombie tritonserver has not reaped
+            while bls[0].is_running() and bls[0].status() != psutil.STATUS_ZOMBIE:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(launch.url + "/health", timeout=30)
+            assert err.value.code == 503
+            conn = http.client.HTTPConnection("127.0.0.1", launch.port, timeout=60)
+            conn.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                         body=json.dumps({"model": MODEL, "messages": QUESTION, "max_tokens": 4}))
+            resp = conn.getresponse()
+            body = json.loads(resp.read())
+            assert resp.status == 503 and body["error"]["code"] == "unavailable", body
+            assert "is not healthy" in body["error"]["message"]
+        finally:
+            fe.stop(10)
+    finally:
+        server.stop()
