@@ -112,11 +112,7 @@ class Triton:
         except Exception:  # no answer in time, or Triton went away
             return False
         finally:
-            if answered:  # let the server close it: cancelling a finished BLS request crashed tritonserver 2.51
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(_drain(call), timeout_s)
-            else:
-                call.cancel()
+            await _close(call, answered, timeout_s)
 
     async def _config(self) -> Optional[dict]:
         try:
@@ -186,11 +182,18 @@ class Triton:
             raise triton_error(f"unavailable: {details}") from exc
         finally:
             done.set()  # ends the request iterator: the client half-closes the stream
-            if finished:  # let the server close it; cancelling a finished BLS request crashed tritonserver 2.51
-                with contextlib.suppress(Exception):  # (TRITONBACKEND_ResponseFactoryIsCancelled, signal 11)
-                    await asyncio.wait_for(_drain(call), 10)
-            else:  # the client went away: Triton cancels the request and the runtime frees its blocks
-                call.cancel()
+            await _close(call, finished)  # unfinished: the client went away, the runtime frees its blocks
+
+
+async def _close(call, finished: bool, timeout_s: float = 10.0) -> None:
+    """End a gRPC stream call: a finished request's stream is read to its end and closed by the server (cancelling
+    a finished BLS request crashed tritonserver 2.51: TRITONBACKEND_ResponseFactoryIsCancelled, signal 11); an
+    unfinished one is cancelled, which cancels the request in Triton."""
+    if not finished:
+        call.cancel()
+        return
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(_drain(call), timeout_s)
 
 
 async def _drain(call) -> None:

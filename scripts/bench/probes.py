@@ -99,6 +99,20 @@ def _grpc(url: str, model: str, inputs: dict, timeout_s: float = TIMEOUT_S, outp
         client.close()
 
 
+def _text_inputs(text: str, max_tokens: int, stream: bool) -> dict:
+    """The text-in models' inputs (ensemble, tensorrt_llm_bls): text_input, max_tokens, stream."""
+    import numpy as np
+
+    return {"text_input": np.array([[text.encode()]], dtype=object), "max_tokens": np.array([[max_tokens]]),
+            "stream": np.array([[stream]])}
+
+
+def _text(outs: list[dict]) -> str:
+    """Every response's text_output, in order, as one string."""
+    return "".join(x.decode() for o in outs if o.get("text_output") is not None
+                   for x in o["text_output"].reshape(-1).tolist())
+
+
 def _http(base: str, path: str, body: dict, timeout_s: float = TIMEOUT_S) -> str:
     """The answer's text from the OpenAI API: the JSON response, or the SSE stream's text deltas joined."""
     req = urllib.request.Request(base.rstrip("/") + path, data=json.dumps(body).encode(),
@@ -142,27 +156,16 @@ def served_answers(grpc_url: str, openai_base: str | None, model_id: str, ps: li
                     "input_ids": np.array([ids]), "input_lengths": np.array([[len(ids)]]),
                     "request_output_len": np.array([[max_tokens]]), "streaming": np.array([[stream]])})
                     for x in o["output_ids"].reshape(-1).tolist()],
-                f"ensemble_{suffix}": lambda: "".join(
-                    x.decode() for o in _grpc(grpc_url, "ensemble", {
-                        "text_input": np.array([[p["text"].encode()]], dtype=object),
-                        "max_tokens": np.array([[max_tokens]]), "stream": np.array([[stream]]),
-                        "exclude_input_in_output": np.array([[True]])})
-                    if o.get("text_output") is not None for x in o["text_output"].reshape(-1).tolist()),
+                f"ensemble_{suffix}": lambda: _text(_grpc(grpc_url, "ensemble", {
+                    **_text_inputs(p["text"], max_tokens, stream), "exclude_input_in_output": np.array([[True]])})),
             }
             if stream:  # the model the OpenAI frontend calls, without the frontend (it always streams)
-                calls["bls_stream"] = lambda: "".join(
-                    x.decode() for o in _grpc(grpc_url, "tensorrt_llm_bls", {
-                        "text_input": np.array([[p["text"].encode()]], dtype=object),
-                        "max_tokens": np.array([[max_tokens]]), "stream": np.array([[True]]),
-                        "exclude_input_in_output": np.array([[True]])})
-                    if o.get("text_output") is not None for x in o["text_output"].reshape(-1).tolist())
+                calls["bls_stream"] = lambda: _text(_grpc(grpc_url, "tensorrt_llm_bls", {
+                    **_text_inputs(p["text"], max_tokens, True), "exclude_input_in_output": np.array([[True]])}))
                 # the OpenAI frontend's own request (pipeline.client.build_inputs, its two outputs asked by name)
-                calls["bls_asked"] = lambda: "".join(
-                    x.decode() for o in _grpc(grpc_url, "tensorrt_llm_bls", {
-                        "text_input": np.array([[p["text"].encode()]], dtype=object),
-                        "max_tokens": np.array([[max_tokens]]), "stream": np.array([[True]])},
-                        outputs=("text_output", "num_output_tokens"))
-                    if o.get("text_output") is not None for x in o["text_output"].reshape(-1).tolist())
+                calls["bls_asked"] = lambda: _text(_grpc(grpc_url, "tensorrt_llm_bls",
+                                                         _text_inputs(p["text"], max_tokens, True),
+                                                         outputs=("text_output", "num_output_tokens")))
             if openai_base:
                 common = {"model": model_id, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
                 calls[f"completions_{suffix}"] = lambda: _http(openai_base, "/completions",
