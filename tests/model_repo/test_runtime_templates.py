@@ -90,3 +90,53 @@ def test_bls_leaves_python_backend_threads_for_stops_and_sends():
     assert 0 < pending <= pool - 8, (pending, pool)
     argv = command(ServerConfig(Path("repo")))
     assert not [a for a in argv if "thread-pool-size" in a] and "--disable-auto-complete-config" in argv
+
+
+def test_bls_sends_only_the_outputs_the_client_asked_for(monkeypatch):
+    """Triton 2.51's Python backend (r24.10) drops a decoupled response's outputs the request did not ask for in the
+    stub, with the GIL released (src/response_sender.cc: PruneOutputTensors after gil_scoped_release; fixed in
+    r24.12, python_backend commit 3916e43, #390): freeing those tensors there killed the BLS stub with SIGSEGV on
+    the GPU host (Python 3.12) when the OpenAI frontend asked for text_output and num_output_tokens only. The BLS
+    model builds only the outputs asked for; every output when the backend cannot say."""
+    import numpy as np
+
+    class Tensor:
+        def __init__(self, name, value):
+            self._name, self.value = name, value
+
+        def name(self):
+            return self._name
+
+    class InferenceResponse:
+        def __init__(self, output_tensors=(), error=None):
+            self.output_tensors = list(output_tensors)
+
+    pb_utils = types.ModuleType("triton_python_backend_utils")
+    pb_utils.Tensor, pb_utils.InferenceResponse = Tensor, InferenceResponse
+    pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb_utils)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
+    monkeypatch.delitem(sys.modules, "tensorrt_llm_bls_model", raising=False)
+    bls = template_module("tensorrt_llm_bls")
+
+    class Request:
+        def __init__(self, names):
+            self.names = names
+
+        def requested_output_names(self):
+            if self.names is None:
+                raise AttributeError("requested_output_names")  # an older Python backend
+            return list(self.names)
+
+    passed = {"sequence_index": np.array([[0]], dtype=np.int32), "cum_log_probs": np.array([[0.5]], np.float32)}
+    asked = bls._requested(Request(["text_output", "num_output_tokens"]))
+    resp = bls.TritonPythonModel._text_response([b"Paris"], [1], passed, asked)
+    assert [t.name() for t in resp.output_tensors] == ["text_output", "num_output_tokens"]
+    assert resp.output_tensors[0].value.tolist() == [b"Paris"] and resp.output_tensors[1].value.tolist() == [1]
+    resp = bls.TritonPythonModel._text_response([b"Paris"], [1], passed, bls._requested(Request(["cum_log_probs"])))
+    assert [(t.name(), t.value.tolist()) for t in resp.output_tensors] == [("cum_log_probs", [[0.5]])]
+    every = bls.TritonPythonModel._text_response([b"Paris"], [1], passed, bls._requested(Request(None)))
+    assert [t.name() for t in every.output_tensors] == ["text_output", "num_output_tokens", "sequence_index",
+                                                        "cum_log_probs"]
+    assert bls._asks_for(Request(["output_token_ids"]), "output_token_ids")
+    assert not bls._asks_for(Request(None), "output_token_ids")

@@ -69,11 +69,12 @@ class _Live:
     is_cancelled() is never asked after the final send (Triton 2.51's Python backend releases the
     response factory then; asking it crashes the server: server issues #8192, #8034)."""
 
-    __slots__ = ("sender", "inner_id", "stream", "lock", "closed", "cancelled", "started", "stopped", "last")
+    __slots__ = ("sender", "inner_id", "stream", "lock", "closed", "cancelled", "started", "stopped", "last", "asked")
 
-    def __init__(self, sender):
+    def __init__(self, sender, asked=None):
         self.last = time.monotonic()  # the last sign of life of the tensorrt_llm request (watchdog)
         self.sender, self.inner_id, self.stream = sender, uuid.uuid4().hex, None
+        self.asked = asked  # the outputs the client asked for (None: unknown, send every one)
         self.lock, self.closed, self.cancelled = threading.Lock(), False, False
         self.started = self.stopped = False  # the tensorrt_llm request was sent / a stop was sent for it
 
@@ -120,12 +121,18 @@ def _stop_strings(request) -> list:
     return [w for w in words if w]
 
 
+def _requested(request):
+    """The output names the client's request asks for (every output when it names none), or None where the
+    Python backend cannot say (no requested_output_names())."""
+    try:
+        return frozenset(request.requested_output_names())
+    except Exception:
+        return None
+
+
 def _asks_for(request, name):
     """Whether the client asked for output ``name`` by name (the model sends output_token_ids only then)."""
-    try:
-        return name in set(request.requested_output_names())
-    except Exception:  # a Python backend without requested_output_names()
-        return False
+    return name in (_requested(request) or ())
 
 
 class TritonPythonModel:
@@ -149,7 +156,7 @@ class TritonPythonModel:
                 "tensorrt_llm_bls streams through decoupled responses: regenerate with serving.streaming: true"))
                 for _ in requests]
         for request in requests:
-            live = _Live(request.get_response_sender())
+            live = _Live(request.get_response_sender(), _requested(request))
             t = threading.Thread(target=self._run, args=(request, live), daemon=True)
             with self.lock:
                 self.live[t] = live
@@ -335,7 +342,7 @@ class TritonPythonModel:
                                   ["OUTPUT", "NUM_OUTPUT_TOKENS"])
                 texts = pb_utils.get_output_tensor_by_name(post, "OUTPUT").as_numpy()
                 counts = pb_utils.get_output_tensor_by_name(post, "NUM_OUTPUT_TOKENS").as_numpy()
-            live.send(self._text_response(texts, counts, passed))
+            live.send(self._text_response(texts, counts, passed, live.asked))
             if stops and matchers and all(m.stopped for m in matchers.values()):
                 if len(matchers) >= n_seq and live.claim_stop():  # every sequence stopped: free the runtime
                     self._stop(live.inner_id, stream)
@@ -349,16 +356,21 @@ class TritonPythonModel:
             if rest and not live.cancelled:
                 index = {"sequence_index": np.array([[seq]], dtype=np.int32)} if "sequence_index" in \
                     self.pass_outputs and len(matchers) > 1 else {}
-                live.send(self._text_response([rest.encode("utf-8")], [0], index))
+                live.send(self._text_response([rest.encode("utf-8")], [0], index, live.asked))
         live.send_final(self._cancelled_response() if live.cancelled else None)
 
 
     @staticmethod
-    def _text_response(texts, counts, passed):
-        out = [pb_utils.Tensor("text_output", np.array(texts, dtype=object)),
-               pb_utils.Tensor("num_output_tokens", np.asarray(counts, dtype=np.int32))]
-        out += [pb_utils.Tensor(name, value) for name, value in passed.items()]
-        return pb_utils.InferenceResponse(output_tensors=out)
+    def _text_response(texts, counts, passed, asked=None):
+        """A response with the outputs the client asked for (``asked``; None: every one). Only those: Triton
+        2.51's Python backend (r24.10) drops the others in the stub's ResponseSender::Send with the GIL released,
+        and freeing their numpy arrays there kills the stub with SIGSEGV (seen under Python 3.12; fixed upstream
+        in r24.12, python_backend #390)."""
+        values = {"text_output": lambda: np.array(texts, dtype=object),
+                  "num_output_tokens": lambda: np.asarray(counts, dtype=np.int32),
+                  **{name: (lambda v=value: v) for name, value in passed.items()}}
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, make()) for name, make in
+                                                          values.items() if asked is None or name in asked])
 
     def _batch_decode(self, windows):
         """Windows of token ids -> their texts, in one call of the postprocessing model (its tokenizer and its
