@@ -491,10 +491,21 @@ def _dump_stacks(pid: int, dest: Path) -> str:
         except Exception as exc:
             head = f"==== pid {proc.pid}: {exc}"
         parts.append(head)
+        try:  # a zombie's exit code (proc(5), stat field 52): a signal number below 128 in its low byte, else status
+            code = int(Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[-1])
+            parts.append(f"exit_code field {code}: signal {code & 0x7f}, status {code >> 8}")
+        except Exception as exc:
+            parts.append(f"no exit code: {exc}")
         if spy and "python" in (head.lower()):
             r = subprocess.run([spy, "dump", "--pid", str(proc.pid), "--native"], capture_output=True, text=True,
                                timeout=60)
             parts.append(r.stdout[-20000:] + r.stderr[-2000:])
+    for cmd in (["dmesg", "-T"], ["free", "-m"]):  # an OOM kill leaves no line in the server log
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            parts.append(f"==== {' '.join(cmd)}\n" + r.stdout[-8000:] + r.stderr[-500:])
+        except Exception as exc:
+            parts.append(f"==== {cmd[0]}: {exc}")
     if shutil.which("nvidia-smi"):
         parts.append(subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout)
     dest.parent.mkdir(parents=True, exist_ok=True)
