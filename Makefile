@@ -18,6 +18,9 @@ MAX_TOKENS ?= 64
 MODEL  ?=
 TASKS  ?= trtpipe_lastword,trtpipe_cloze
 ARGS   ?=
+# make test's pytest-xdist workers: one per core, at most 4 (each starts its own servers); 0 runs in one process
+WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+PYTEST_WORKERS := -n $(WORKERS) $(if $(filter 0,$(WORKERS)),,--dist loadfile)
 
 QUANT_ARG := $(if $(QUANT),--quant $(QUANT),)$(if $(RUNTIME), --runtime $(RUNTIME),)
 
@@ -36,7 +39,7 @@ help:
 	@echo "make eval           TASKS=$(TASKS) [ARGS='--limit 50 --num-concurrent 4']: lm-evaluation-harness on the served build beside its source model (starts the server unless running)"
 	@echo "make loadtest       ARGS='--concurrency 1,2 --num-requests 16': load-test the ensemble (starts the server unless running)"
 	@echo "make stop           stop the server started by make serve"
-	@echo "make test           the whole test suite (builds the default once, starts real tritonserver instances)"
+	@echo "make test           the whole test suite (builds the default once, starts real tritonserver instances); WORKERS=$(WORKERS) processes (0: one)"
 	@echo "make test-fast      the tests not marked e2e or slow: no tritonserver, no ModelOpt, no real build (under 2 min on 2 cores)"
 	@echo "make test-bench     the benchmark kit's own tests (scripts/bench/tests: bench_h200.py --smoke, about 3 min); CI runs them"
 
@@ -87,10 +90,10 @@ loadtest: $(STAMP)
 	$(TRTPIPE) loadtest run $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
 
 test: $(TOOLS)
-	$(VENV)/bin/python -m pytest -q --durations=40
+	$(VENV)/bin/python -m pytest -q --durations=40 $(PYTEST_WORKERS)
 
 test-fast: $(TOOLS)
-	$(VENV)/bin/python -m pytest -q -m "not e2e and not slow"
+	$(VENV)/bin/python -m pytest -q -m "not e2e and not slow" $(PYTEST_WORKERS)
 
 test-bench: $(TOOLS)
 	$(VENV)/bin/python -m pytest -q scripts/bench/tests

@@ -233,3 +233,26 @@ def trtllm_double():
     from tests.doubles.trtllm_build import toolchain
 
     return toolchain()
+
+
+
+MODULE_GROUPS = {"tests/pipeline/test_lm_eval.py": "lm-eval", "tests/pipeline/test_trtpipe_eval.py": "lm-eval",
+                 "tests/test_lora_e2e.py": "lora", "tests/test_lora_serving.py": "lora"}
+"""Modules that share an expensive session fixture (``lm_eval_once``'s runs, ``lora_build``): ``make test``'s
+pytest-xdist workers run each group in one worker, so the fixture is made once, not once per worker."""
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With ``--dist loadfile`` (``make test``), one worker runs each module whole (its module-scoped servers start
+    once) and each group of :data:`MODULE_GROUPS` whole. xdist's ``loadgroup`` marks cannot do it under pytest 9.2
+    (xdist 3.8 renames ``item._nodeid``, which pytest 9.2 no longer reads)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return MODULE_GROUPS.get(module, module)
+
+    return ModuleGroups(config, log)
