@@ -320,7 +320,7 @@ def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damage
     bad_yaml = _gated_build(tmp_path, built_default, 60, "smollm2-damaged")
     root = tmp_path / "out"
     assert main(["eval", str(good_yaml), str(bad_yaml), "--out", str(root), "--tasks", "trtpipe_lastword,trtpipe_gen",
-                 "--limit", "40", "--max-retries", "1", "--url", frontend.launch.url,
+                 "--limit", "20", "--max-retries", "1", "--url", frontend.launch.url,
                  "--url", damaged_frontend.launch.url]) == 1
     captured = capsys.readouterr()
     assert "gates.max_task_drop_pct 60: passed" in captured.out
@@ -353,7 +353,7 @@ def test_gate_passes_the_default_and_fails_a_damaged_checkpoint(frontend, damage
     for task, extra in (("trtpipe_lastword", []), ("trtpipe_gen", ["--apply_chat_template"])):
         ref = tmp_path / f"ref-{task}"
         cmd = [str(LM_EVAL), "--model", "hf", "--model_args", f"pretrained={good['source']['folder']},dtype=float32",
-               "--batch_size", "8", "--tasks", task, "--limit", "40", "--include_path", str(tasks),
+               "--batch_size", "8", "--tasks", task, "--limit", "20", "--include_path", str(tasks),
                "--output_path", str(ref), *extra]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                            env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
