@@ -235,7 +235,6 @@ def trtllm_double():
     return toolchain()
 
 
-
 MODULE_GROUPS = {"tests/pipeline/test_lm_eval.py": "lm-eval", "tests/pipeline/test_trtpipe_eval.py": "lm-eval",
                  "tests/test_lora_e2e.py": "lora", "tests/test_lora_serving.py": "lora"}
 """Modules that share an expensive session fixture (``lm_eval_once``'s runs, ``lora_build``): ``make test``'s
