@@ -13,7 +13,9 @@ TARGET ?= cpu
 QUANT  ?=
 RUNTIME ?=
 PROMPT ?= What is the capital of France?
-export PROMPT  # the query recipe reads it from the environment: quotes and $ in it reach trtpipe unchanged
+# the query recipe reads it from the environment; $(value) keeps make from expanding a $ in it (PROMPT='$5 off')
+override PROMPT := $(value PROMPT)
+export PROMPT  # quotes and $ in it reach trtpipe unchanged
 MAX_TOKENS ?= 64
 MODEL  ?=
 TASKS  ?= trtpipe_lastword,trtpipe_cloze

@@ -17,7 +17,7 @@ from tests.conftest import REPO
 def test_make_query_passes_the_prompt_unchanged(tmp_path):
     printer = tmp_path / "argv.py"
     printer.write_text("import sys\nprint(sys.argv[-1])\n")
-    prompt = 'Say "hi", it\'s `x` 東京 🐉 café'
+    prompt = 'Say "hi", it\'s `x` $HOME $5 $$y 東京 🐉 café'
     out = subprocess.run(["make", "-s", "--no-print-directory", "-o", ".venv/.setup-done", "query",
                           f"TRTPIPE={sys.executable} {printer}", f"PROMPT={prompt}"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
