@@ -240,6 +240,9 @@ class Delivery:
                 self._retire_locked(state)
                 state.group.remaining -= 1
                 last = state.group.remaining == 0
+            # `out` stays referenced until the send returns: Triton 2.51's stub drops the outputs a request did not
+            # ask for with the GIL released, which is safe only while another reference holds their arrays
+            # (python_backend #390; tensorrt_llm_bls's _text_response sends only the asked ones)
             response = pb_utils.InferenceResponse(output_tensors=out)
             t1 = time.perf_counter()
             if last:
