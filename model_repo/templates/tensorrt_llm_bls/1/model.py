@@ -366,10 +366,9 @@ class TritonPythonModel:
         2.51's Python backend (r24.10) drops the others in the stub's ResponseSender::Send with the GIL released,
         and freeing their numpy arrays there kills the stub with SIGSEGV (seen under Python 3.12; fixed upstream
         in r24.12, python_backend #390)."""
-        values = {"text_output": lambda: np.array(texts, dtype=object),
-                  "num_output_tokens": lambda: np.asarray(counts, dtype=np.int32),
-                  **{name: (lambda v=value: v) for name, value in passed.items()}}
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, make()) for name, make in
+        values = {"text_output": np.array(texts, dtype=object), "num_output_tokens": np.asarray(counts, dtype=np.int32),
+                  **passed}
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, value) for name, value in
                                                           values.items() if asked is None or name in asked])
 
     def _batch_decode(self, windows):
