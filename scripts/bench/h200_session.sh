@@ -151,6 +151,16 @@ run_p23short() {  # (~8 min) run_p23 cut to one 10-minute call of a lease's last
      --python-path "$STUB_PATH" --json "$W/out/openai_frontend_h200.json")
 }
 
+run_p23min() {  # (~7 min) run_p23short for a lease cut short by failed starts: the OpenAI endpoint and its
+  # probes against in-process first, then the frontend's cost, then the served grid (measured in session 11) last
+  bench p23 engine,repos,openai,inproc "128/128:1,8,32,64;467/256:8,32" --probes
+  (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
+     TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/bench/bench_openai_frontend.py \
+     --concurrency 1,4,16 --rates "" --num-requests 200 --tokenizer /tmp/tok/smollm2-tok \
+     --python-path "$STUB_PATH" --json "$W/out/openai_frontend_h200.json")
+  bench p23served served "128/128:1,8,32,64;467/256:8,32"
+}
+
 run_ab() {  # round 7, second lease (~6 min): in-process first, then served, then in-process started as the
   # served worker was (its python + environment), each point twice: equal warmth for both sides
   bench ab engine,repos,inproc,served,inproc-asworker "128/128:8,64,8,64"
@@ -158,7 +168,7 @@ run_ab() {  # round 7, second lease (~6 min): in-process first, then served, the
 
 run_all() {
   case "${PLAN:-next}" in session4) run_session4 ;; session5) run_session5 ;; session6) run_session6 ;;
-    session6b) run_session6b ;; ab) run_ab ;; p23) run_p23 ;; p23short) run_p23short ;; *) run_next ;; esac
+    session6b) run_session6b ;; ab) run_ab ;; p23) run_p23 ;; p23short) run_p23short ;; p23min) run_p23min ;; *) run_next ;; esac
   echo "ALL DONE $(date -u +%FT%TZ)"
 }
 
@@ -177,7 +187,7 @@ case "${1:-}" in
     else
       setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
     fi
-    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_session6 run_session6b run_next run_ab run_p23 run_p23short run_all); W=$W STUB_PATH=$STUB_PATH \
+    setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_session6 run_session6b run_next run_ab run_p23 run_p23short run_p23min run_all); W=$W STUB_PATH=$STUB_PATH \
       PLAN=${PLAN:-next}; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"
