@@ -152,8 +152,9 @@ run_p23short() {  # (~8 min) run_p23 cut to one 10-minute call of a lease's last
 }
 
 run_p23min() {  # (~7 min) run_p23short for a lease cut short by failed starts: the OpenAI endpoint and its
-  # probes against in-process first, then the frontend's cost, then the served grid (measured in session 11) last
-  bench p23 engine,repos,openai,inproc "128/128:1,8,32,64;467/256:8,32" --probes
+  # probes against in-process first, then the frontend's cost, then the served grid (measured in session 11) last;
+  # P23_POINTS=... a shorter grid for the first two
+  bench p23 engine,repos,openai,inproc "${P23_POINTS:-128/128:1,8,32,64;467/256:8,32}" --probes
   (cd "$W.src" && PYTHONPATH=/tmp/site TRTPIPE_TRITON_HOME=/tmp/pytriton/pytriton/tritonserver \
      TRTPIPE_STUB_BLOCK_MODULES=sklearn,scipy PYTHONUNBUFFERED=1 python3 scripts/bench/bench_openai_frontend.py \
      --concurrency 1,4,16 --rates "" --num-requests 200 --tokenizer /tmp/tok/smollm2-tok \
@@ -188,7 +189,7 @@ case "${1:-}" in
       setup > "$W/setup.log" 2>&1 || { tail -20 "$W/setup.log"; exit 1; }
     fi
     setsid nohup bash -c "$(declare -f bench run_session4 run_session5 run_session6 run_session6b run_next run_ab run_p23 run_p23short run_p23min run_all); W=$W STUB_PATH=$STUB_PATH \
-      PLAN=${PLAN:-next}; run_all" \
+      PLAN=${PLAN:-next} P23_POINTS='${P23_POINTS:-}'; run_all" \
       > "$W/run.log" 2>&1 < /dev/null &
     sleep "${2:-60}"
     ;;
