@@ -167,6 +167,7 @@ class _Tensor:
 class _Response:
     def __init__(self, output_tensors=None, error=None):
         self.tensors = {t.name: t.array for t in output_tensors or []}
+        self.objects = list(output_tensors or [])  # its own list of the tensors, as the C++ object's vector
         self.error = error
 
 
@@ -176,10 +177,19 @@ class _Error:
 
 
 class _Sender:
+    """Records what is sent. Like Triton 2.51's stub for outputs the request did not ask for, it erases the response's
+    tensors (PruneOutputTensors, with the GIL released: python_backend #390) and records any freed by that erase."""
+
     def __init__(self):
-        self.sent = []
+        self.sent, self.freed = [], []
 
     def send(self, response, flags=0):
+        import weakref
+
+        alive = [weakref.ref(t) for t in response.objects] if response is not None else []
+        if response is not None:
+            response.objects.clear()
+        self.freed += [w for w in alive if w() is None]
         self.sent.append((response, flags))
 
 
@@ -328,6 +338,7 @@ def test_model_streams_every_sequence_with_its_index_and_log_probs(llmapi_model)
         assert lps == [0.0, -0.1, -0.2]
         assert round(float(responses[-1]["cum_log_probs"].reshape(-1)[0]), 3) == -0.3
     assert sorted(per_seq) == [0, 1]
+    assert not req.sender.freed  # every output outlives the stub's erase (the model holds them through the send)
 
 
 def test_seed_is_read_from_the_backends_input_name():

@@ -92,6 +92,74 @@ def test_bls_leaves_python_backend_threads_for_stops_and_sends():
     assert not [a for a in argv if "thread-pool-size" in a] and "--disable-auto-complete-config" in argv
 
 
+class _Tensor:
+    """pb_utils.Tensor's stand-in: a name and a numpy value."""
+
+    def __init__(self, name, value):
+        self._name, self.value = name, value
+
+    def name(self):
+        return self._name
+
+
+class _InferenceResponse:
+    """pb_utils.InferenceResponse's stand-in: its own list of the tensors, as the C++ object holds its own vector."""
+
+    def __init__(self, output_tensors=(), error=None):
+        self.output_tensors = list(output_tensors)
+
+
+def _stand_in_pb_utils(monkeypatch):
+    """``triton_python_backend_utils`` stand-in (only Triton's Python backend has it) for importing a template."""
+    pb_utils = types.ModuleType("triton_python_backend_utils")
+    pb_utils.Tensor, pb_utils.InferenceResponse = _Tensor, _InferenceResponse
+    pb_utils.TritonError = RuntimeError
+    pb_utils.Logger = types.SimpleNamespace(log_error=print, log_info=print, log_warn=print)
+    pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb_utils)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
+    return pb_utils
+
+
+def test_trivial_stream_keeps_its_outputs_alive_through_the_send(monkeypatch):
+    """Triton 2.51's stub erases the outputs a request did not ask for from the response, with the GIL released
+    (src/response_sender.cc, PruneOutputTensors; python_backend #390): a tensor freed there crashed the trivial model's
+    stub (SIGSEGV, seen on this CPU machine under the frontend benchmark; the load tester asks for num_output_tokens
+    alone). The stand-in sender erases every output as the stub would and checks that none was freed by it."""
+    import queue
+    import threading
+    import weakref
+
+    _stand_in_pb_utils(monkeypatch)
+    monkeypatch.delitem(sys.modules, "trivial_stream_model", raising=False)
+    trivial = template_module("trivial_stream")
+    freed, sent, final = [], [], threading.Event()
+
+    class Sender:
+        def is_cancelled(self):
+            return False
+
+        def send(self, response=None, flags=0):
+            if response is not None:
+                alive = [weakref.ref(t) for t in response.output_tensors]
+                response.output_tensors.clear()  # PruneOutputTensors, for a request that asked for none of them
+                freed.extend(w for w in alive if w() is None)
+                sent.append(len(alive))
+            if flags:
+                final.set()
+
+    model = trivial.TritonPythonModel.__new__(trivial.TritonPythonModel)
+    model.output_dtypes, model.delay, model.incoming, model.stop = {}, 0, queue.Queue(), threading.Event()
+    model.incoming.put(trivial._State(Sender(), 3, False))
+    loop = threading.Thread(target=model._loop, daemon=True)
+    loop.start()
+    assert final.wait(30), "the trivial model sent no final response"
+    model.stop.set()
+    loop.join(30)
+    assert sent == [2, 2, 2]  # text_output and num_output_tokens, one token a step
+    assert not freed, f"{len(freed)} output tensors were freed by the stub's erase (only it held them)"
+
+
 def test_bls_sends_only_the_outputs_the_client_asked_for(monkeypatch):
     """Triton 2.51's Python backend (r24.10) drops a decoupled response's outputs the request did not ask for in the
     stub, with the GIL released (src/response_sender.cc: PruneOutputTensors after gil_scoped_release; fixed in
@@ -100,22 +168,7 @@ def test_bls_sends_only_the_outputs_the_client_asked_for(monkeypatch):
     model builds only the outputs asked for; every output when the backend cannot say."""
     import numpy as np
 
-    class Tensor:
-        def __init__(self, name, value):
-            self._name, self.value = name, value
-
-        def name(self):
-            return self._name
-
-    class InferenceResponse:
-        def __init__(self, output_tensors=(), error=None):
-            self.output_tensors = list(output_tensors)
-
-    pb_utils = types.ModuleType("triton_python_backend_utils")
-    pb_utils.Tensor, pb_utils.InferenceResponse = Tensor, InferenceResponse
-    pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb_utils)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the bootstrap edits sys.path
+    _stand_in_pb_utils(monkeypatch)
     monkeypatch.delitem(sys.modules, "tensorrt_llm_bls_model", raising=False)
     bls = template_module("tensorrt_llm_bls")
 

@@ -40,8 +40,8 @@ from trtpipe_runtime.versions import options_file
 from trtpipe_runtime.lifeline import watch_parent
 
 
-def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None, logits=None, top=None):
-    """One response; ``logits`` maps context_logits / generation_logits to float32 arrays when asked for; ``top`` is
+def _outputs(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None, logits=None, top=None):
+    """One response's output tensors; ``logits`` maps context_logits / generation_logits to float32 arrays when asked for; ``top`` is
     (log probabilities [n][k], token ids [n][k]) of this response's n tokens for num_top_logprobs k: top_log_probs
     float32 / top_token_ids int32 [batch 1, beam 1, n, k], the portable runtime's tensors."""
     out = [pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
@@ -61,7 +61,7 @@ def _response(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, pe
         out.append(pb_utils.Tensor(name, np.asarray(arr, dtype=np.float32).reshape(shape)))
     if perf:
         out += _perf_tensors(dtypes, perf)
-    return pb_utils.InferenceResponse(output_tensors=out)
+    return out
 
 
 def _perf_values(times, metrics):
@@ -220,9 +220,12 @@ class TritonPythonModel:
             if opts.num_top_logprobs:  # this response's generated tokens only (a prompt it leads with has none)
                 top = request_params.top_log_probs(entries[i][sent[i]:len(tokens[i])], len(tokens[i]) - sent[i],
                                                    opts.num_top_logprobs)
-            sender.send(_response(self.output_dtypes, chunk, i, chunk_lps, cum[i],
-                                  _perf_values(times, metrics[i]) if perf and final else None, logits, top),
-                        flags=flags)
+            # `out` stays referenced until the send returns: Triton 2.51's stub (r24.10) drops the outputs a request
+            # did not ask for with the GIL released, which frees them unless another reference holds them
+            # (python_backend #390, fixed in r24.12)
+            out = _outputs(self.output_dtypes, chunk, i, chunk_lps, cum[i],
+                           _perf_values(times, metrics[i]) if perf and final else None, logits, top)
+            sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=flags)
             sent[i] = len(tokens[i])
 
         try:

@@ -58,7 +58,8 @@ class TritonPythonModel:
             self.incoming.put(_State(sender, max_tokens, bool(_scalar(request, "return_perf_metrics", False))))
         return None
 
-    def _response(self, st, final_token):
+    def _outputs(self, st):
+        """This step's output tensors for ``st``: one `` tok`` token, and the perf outputs when asked for."""
         now = time.time_ns()
         st.first_token = st.first_token or now
         out = [pb_utils.Tensor("text_output", np.array([b" tok"], dtype=object)),
@@ -69,7 +70,7 @@ class TritonPythonModel:
                 "first_token_time_ns": st.first_token, "last_token_time_ns": now, "kv_cache_alloc_new_blocks": 0,
                 "kv_cache_reused_blocks": 0, "kv_cache_alloc_total_blocks": 0, "acceptance_rate": 0.0,
                 "total_accepted_draft_tokens": 0, "total_draft_tokens": 0})
-        return pb_utils.InferenceResponse(output_tensors=out)
+        return out
 
     def _loop(self):
         active = []
@@ -90,7 +91,11 @@ class TritonPythonModel:
                         st.sender.send(flags=FINAL)
                         continue
                     st.left -= 1
-                    st.sender.send(self._response(st, st.left == 0))
+                    # `out` stays referenced until the send returns: Triton 2.51's stub drops the outputs a request
+                    # did not ask for with the GIL released, which frees them (SIGSEGV) unless another reference
+                    # holds them (python_backend #390); the load tester asks for num_output_tokens alone
+                    out = self._outputs(st)
+                    st.sender.send(pb_utils.InferenceResponse(output_tensors=out))
                     if st.left == 0:
                         st.sender.send(flags=FINAL)
                     else:
