@@ -80,10 +80,10 @@ serve: $(STAMP)
 	$(TRTPIPE) serve $(BUILD) --target $(TARGET) $(QUANT_ARG) --detach $(ARGS)
 
 stop: $(STAMP)
-	$(TRTPIPE) stop $(BUILD) --target $(TARGET) $(QUANT_ARG)
+	$(TRTPIPE) stop $(BUILD) --target $(TARGET) $(QUANT_ARG) $(ARGS)
 
 query: $(STAMP)
-	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) $(if $(MODEL),--model $(MODEL),) "$$PROMPT"
+	$(TRTPIPE) query --build $(BUILD) --target $(TARGET) $(QUANT_ARG) --max-tokens $(MAX_TOKENS) $(if $(MODEL),--model $(MODEL),) $(ARGS) "$$PROMPT"
 
 eval: $(TOOLS)
 	$(TRTPIPE) eval $(BUILD) --target $(TARGET) $(QUANT_ARG) --tasks $(TASKS) --serve $(ARGS)
