@@ -41,9 +41,10 @@ from trtpipe_runtime.lifeline import watch_parent
 
 
 def _outputs(dtypes, tokens, seq_index=0, log_probs=None, cum_log_prob=None, perf=None, logits=None, top=None):
-    """One response's output tensors; ``logits`` maps context_logits / generation_logits to float32 arrays when asked for; ``top`` is
-    (log probabilities [n][k], token ids [n][k]) of this response's n tokens for num_top_logprobs k: top_log_probs
-    float32 / top_token_ids int32 [batch 1, beam 1, n, k], the portable runtime's tensors."""
+    """One response's output tensors; ``logits`` maps context_logits / generation_logits to float32 arrays when
+    asked for; ``top`` is (log probabilities [n][k], token ids [n][k]) of this response's n tokens for
+    num_top_logprobs k: top_log_probs float32 / top_token_ids int32 [batch 1, beam 1, n, k], the portable runtime's
+    tensors."""
     out = [pb_utils.Tensor("output_ids", np.asarray(tokens, dtype=np.int32).reshape(1, 1, -1)),
            pb_utils.Tensor("sequence_length", np.asarray([[len(tokens)]], dtype=np.int32)),
            pb_utils.Tensor("sequence_index", np.asarray([[seq_index]], dtype=np.int32)),
