@@ -13,8 +13,9 @@ progress); everything aiconfigurator prints goes to stderr.
 - ``{"op": "estimate", "points": [point, ...], "via": "sdk"}`` -> one line per point. A point holds ``id``,
   ``model_dir`` (a folder with config.json), ``system``, ``backend`` and the keyword arguments of
   ``aiconfigurator.cli.api.cli_estimate`` (mode agg): isl, osl, batch_size, ctx_tokens, tp_size, pp_size,
-  moe_tp_size, moe_ep_size, gemm_quant_mode, kvcache_quant_mode, moe_quant_mode, free_gpu_memory_fraction,
-  max_seq_len. The answer is ``{"id", "ok": true, "ttft_ms", "tpot_ms", ...}`` or ``{"id", "ok": false, "error"}``.
+  attention_dp_size (batch_size is then per attention-DP rank), moe_tp_size, moe_ep_size, gemm_quant_mode,
+  kvcache_quant_mode, moe_quant_mode, free_gpu_memory_fraction, max_seq_len. The answer is ``{"id", "ok": true,
+  "ttft_ms", "tpot_ms", ...}`` or ``{"id", "ok": false, "error"}``.
   ``via`` (optional) picks the route: ``"sdk"`` (the default, :func:`agg_via_sdk`) or ``"cli_api"`` (``cli_estimate``
   itself, the reference the SDK route is tested against: tests/builders/test_aiconfigurator_worker.py).
 - ``{"op": "default", "model_dir", "system", "backend", "total_gpus", "isl", "osl", "ttft_ms", "tpot_ms"}`` ->
@@ -45,9 +46,9 @@ _RESULT_KEYS = {  # our name: aiconfigurator's result-dict key (InferenceSummary
     "tokens_per_s_per_gpu": "tokens/s/gpu", "tokens_per_s_per_user": "tokens/s/user", "seq_per_s": "seq/s",
     "concurrency": "concurrency", "memory_gib": "memory", "num_gpus": "num_total_gpus",
 }
-_ESTIMATE_ARGS = ("isl", "osl", "batch_size", "ctx_tokens", "tp_size", "pp_size", "moe_tp_size", "moe_ep_size",
-                  "gemm_quant_mode", "kvcache_quant_mode", "moe_quant_mode", "free_gpu_memory_fraction",
-                  "max_seq_len")
+_ESTIMATE_ARGS = ("isl", "osl", "batch_size", "ctx_tokens", "tp_size", "pp_size", "attention_dp_size",
+                  "moe_tp_size", "moe_ep_size", "gemm_quant_mode", "kvcache_quant_mode", "moe_quant_mode",
+                  "free_gpu_memory_fraction", "max_seq_len")
 
 
 def _fast_yaml() -> None:
@@ -189,8 +190,8 @@ def agg_via_sdk(point: dict, version: str, mode: str, kwargs: dict) -> _Answer:
     """One aggregated estimate through aiconfigurator's SDK: ``cli_estimate(mode="agg")``'s own calls, in its order
     (aiconfigurator/cli/api.py 0.12.0, ``cli_estimate`` and ``_run_agg_estimate``), without importing ``cli.api``.
 
-    What differs: no nextn / speculative decoding, attention-DP, images or prefix (our points set none, and these
-    are the library's defaults), no power figure (we read none), and the FMHA check runs only where it can act
+    What differs: no nextn / speculative decoding, images or prefix (our points set none, and these are the
+    library's defaults), no power figure (we read none), and the FMHA check runs only where it can act
     (:func:`_fmha_check_can_change`). Raises what ``cli_estimate`` raises, with the same messages.
     """
     from aiconfigurator.sdk.backends.factory import get_backend
@@ -204,7 +205,7 @@ def agg_via_sdk(point: dict, version: str, mode: str, kwargs: dict) -> _Answer:
 
     a = {**_CLI_DEFAULTS, **kwargs}
     model_path, system, backend_name = point["model_dir"], point["system"], point["backend"]
-    tp, pp, dp = a["tp_size"], a["pp_size"], 1
+    tp, pp, dp = a["tp_size"], a["pp_size"], a.get("attention_dp_size", 1)
     moe_tp, moe_ep = a.get("moe_tp_size"), a.get("moe_ep_size")
     if check_is_moe(model_path):  # _resolve_moe_parallelism
         moe_tp, moe_ep = ModelConfig(tp_size=tp, attention_dp_size=dp, moe_tp_size=moe_tp,

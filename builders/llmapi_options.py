@@ -145,6 +145,8 @@ def llm_api_options(build: ResolvedBuild, plan: Optional[Plan] = None, release: 
     if plan is not None and plan.model.is_moe or plan is None and (par.moe_ep_size or par.moe_tp_size):
         moe_tp, moe_ep = (plan.moe_tp_size, plan.moe_ep_size) if plan is not None else par.moe_sizes
         options.update(moe_tensor_parallel_size=moe_tp, moe_expert_parallel_size=moe_ep)
+    if par.enable_attention_dp:
+        options["enable_attention_dp"] = True
     for key, value in (sv.llm_api_options or {}).items():
         if isinstance(value, dict) and isinstance(options.get(key), dict):
             options[key] = {**options[key], **value}

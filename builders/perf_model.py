@@ -176,7 +176,8 @@ def base_point(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_confi
             "gemm_quant_mode": build.recipe.aiconfigurator_gemm,
             "moe_quant_mode": build.recipe.aiconfigurator_moe if moe else None,
             "kvcache_quant_mode": "fp8" if s.quantization.kv_cache_quant_algo == "fp8" else "bfloat16",
-            "free_gpu_memory_fraction": s.serving.kv_cache_free_gpu_mem_fraction}
+            "free_gpu_memory_fraction": s.serving.kv_cache_free_gpu_mem_fraction,
+            **({"attention_dp_size": plan.attention_dp_size} if plan.attention_dp_size > 1 else {})}
 
 
 def at_concurrency(base: dict, backend: str, concurrency: int) -> dict:
@@ -185,14 +186,19 @@ def at_concurrency(base: dict, backend: str, concurrency: int) -> dict:
     ``ctx_tokens`` (aiconfigurator's per-step context-token budget, which its aggregated model fills every context
     step) is ``min(max_num_tokens, concurrency x ISL)``: a step holds at most the prompts of the requests in flight
     (at concurrency 1 and max_num_tokens 8192 a full budget would price a 128-token prompt as an 8192-token step).
+    With attention DP both are per rank: aiconfigurator's batch_size is one attention-DP rank's (its
+    ``global_bs = batch_size x attention_dp_size``, aiconfigurator_core/sdk/backends/base_backend.py 0.12.0), so
+    ``concurrency`` is split evenly over the ranks (rounded up).
     """
-    return {**base, "backend": backend, "batch_size": concurrency,
-            "ctx_tokens": max(1, min(base["ctx_tokens"], concurrency * base["isl"]))}
+    per_rank = -(-concurrency // (base.get("attention_dp_size") or 1))
+    return {**base, "backend": backend, "batch_size": per_rank,
+            "ctx_tokens": max(1, min(base["ctx_tokens"], per_rank * base["isl"]))}
 
 
-def concurrencies(most: int) -> list[int]:
-    """1, 4, 16, 64, 256 ... below ``most``, and ``most`` itself (the plan's in-flight sequences)."""
-    out, c = [], 1
+def concurrencies(most: int, step: int = 1) -> list[int]:
+    """step x (1, 4, 16, 64, 256 ...) below ``most``, and ``most`` itself (the plan's in-flight sequences);
+    ``step``: the attention-DP ranks, so every rank holds as many."""
+    out, c = [], step
     while c < most:
         out.append(c)
         c *= 4
@@ -279,7 +285,7 @@ def predict_plan(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_con
     estimates instead, for TensorRT-LLM alone, with aiconfigurator's reason."""
     t0 = time.monotonic()
     why = refusal(build, target, hf_config)
-    concs = concurrencies(plan.memory.kv.workload_concurrency)
+    concs = concurrencies(plan.memory.kv.workload_concurrency, plan.attention_dp_size)
     if why and why == no_database(target):
         return roofline.predict_plan(plan, target, concs, why)
     if why:

@@ -93,9 +93,9 @@ class KVPlan(_Frozen):
     workload_isl: int
     workload_osl: int
     workload_sequences: int
-    """How many ISL+OSL sequences fit in the pool at once."""
+    """How many ISL+OSL sequences fit in the pool at once (times attention_dp_size: every rank's pool)."""
     workload_concurrency: int
-    """min(workload_sequences, max_batch_size): in-flight requests of that shape."""
+    """min(sequences, max_batch_size) per rank, times attention_dp_size: in-flight requests of that shape."""
 
 
 class SpeculativePlan(_Frozen):
@@ -353,7 +353,11 @@ class Plan(_Frozen):
     pp_size: int
     world_size: int
     serving_tp: int
-    """Tensor parallelism the runtime serves with (1 for the portable pytorch runtime)."""
+    """Tensor parallelism of attention and dense layers as served (1 for the portable pytorch runtime and with
+    attention DP)."""
+    attention_dp_size: int = 1
+    """Ranks that each serve their own requests with their own KV pool (parallelism.enable_attention_dp: tp_size;
+    else 1); ``memory.kv`` is one rank's pool, its workload figures count every rank's sequences."""
     serving_pp: int
     gpus_available: int
     """gpus_per_node x num_nodes (1 on CPU targets)."""
@@ -627,6 +631,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     shape = ModelShape.from_hf_config(hf_config)
     engine = build.runtime.sharded  # keeps the checkpoint quantized and sharded over tp x pp GPUs
     tp, pp = (par.tp_size, par.pp_size) if engine else (1, 1)
+    # attention DP (engine runtimes): attention, dense layers and the LM head whole on every rank, experts split
+    tp, dp = (par.attention_tp, par.attention_dp_size) if engine else (tp, 1)
 
     # dtypes: engine runtimes keep the checkpoint dtype and quantization; the portable runtime
     # dequantizes into the target's runtime_dtype (float32 on CPU).
@@ -670,8 +676,8 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
     kv = KVPlan(dtype_bytes=kv_dtype_bytes, kv_heads_per_rank=max(1, _ceil_div(shape.num_key_value_heads, tp)),
                 bytes_per_token=bpt, pool_bytes=pool, pool_source=source, tokens_per_block=tpb, blocks=blocks,
                 capacity_tokens=blocks * tpb, blocks_per_max_seq=per_seq, max_seq_len_sequences=blocks // per_seq,
-                workload_isl=isl, workload_osl=osl, workload_sequences=work_seqs,
-                workload_concurrency=min(work_seqs, lim.max_batch_size))
+                workload_isl=isl, workload_osl=osl, workload_sequences=work_seqs * dp,
+                workload_concurrency=min(work_seqs, lim.max_batch_size) * dp)
     ctx_logits = context_logits_bytes(shape.vocab_size, par.world_size, lim.max_num_tokens) \
         if lim.gather_context_logits and build.runtime.builds_trt_engine else 0
     memory = MemoryPlan(device_bytes=device, reserve_bytes=reserve, weights_bytes_per_rank=weights,
@@ -690,6 +696,7 @@ def compute_plan(build: ResolvedBuild, target: TargetProfile, hf_config: dict, *
                 trtllm_quant_algo=pq.quant_algo if pq else build.recipe.quant_algo,
                 kv_cache_quant_algo=q.kv_cache_quant_algo,
                 tp_size=par.tp_size, pp_size=par.pp_size, world_size=par.world_size, serving_tp=tp, serving_pp=pp,
+                attention_dp_size=dp,
                 gpus_available=gpn * par.num_nodes if target.kind == "gpu" else 1, target_sm=target.sm,
                 target_memory_gib=target.memory_gib, model=shape, vocab_padded=vocab_padded,
                 checkpoint_format=fmt, moe_tp_size=moe_tp if shape.is_moe else 1,

@@ -193,7 +193,7 @@ def _portable_dequantizes(f: PlanFacts) -> Optional[str]:
 
 @_warning("tp_crosses_nodes")
 def _tp_crosses_nodes(f: PlanFacts) -> Optional[str]:
-    tp, gpn = f.plan.serving_tp, f.gpus_per_node
+    tp, gpn = f.plan.serving_tp * f.plan.attention_dp_size, f.gpus_per_node
     if f.engine and tp > gpn:
         return (f"tp_size {tp} > gpus_per_node {gpn}: tensor parallelism crosses nodes (all-reduce over "
                 "the network each layer); prefer pp across nodes")

@@ -192,6 +192,13 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile, arch: Architectur
                                 "model.trust_remote_code, for every load (build, tokenizer models, LLM API) at once",
                                 "remove serving.llm_api_options.trust_remote_code and set model.trust_remote_code in "
                                 "the build file", code="llm_api_trust_remote_code"))
+    # Attention DP changes what the plan shards and what aiconfigurator predicts: one switch, the spec's.
+    if "enable_attention_dp" in (sv.llm_api_options or {}):
+        problems.append(Problem(where("serving.llm_api_options") + ".enable_attention_dp",
+                                sv.llm_api_options["enable_attention_dp"], "attention data parallelism decides the "
+                                "plan's memory and predictions, so it is parallelism.enable_attention_dp",
+                                "remove serving.llm_api_options.enable_attention_dp and set "
+                                "parallelism.enable_attention_dp in the build file", code="attention_dp"))
 
     # KV-cache reuse and chunked context need an engine built with paged context FMHA
     # (https://nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html: "KV cache reuse
@@ -253,10 +260,12 @@ def context_logits_problems(build: ResolvedBuild) -> list[Problem]:
 
 def llmapi_feature_problems(build: ResolvedBuild, target: TargetProfile,
                             arch: Architecture | None = None) -> list[Problem]:
-    """Speculative decoding, guided decoding and host KV offload: which runtimes take them, and the draft rules.
+    """Speculative decoding, guided decoding, attention DP and host KV offload: which runtimes take them, and the
+    draft rules.
 
-    Speculative and guided decoding are configured through the LLM API (``speculative_config``,
-    ``guided_decoding_backend`` of ``tensorrt_llm/llmapi/llm_args.py``): only trtllm-llmapi. EAGLE-3 and
+    Speculative and guided decoding and attention DP are configured through the LLM API (``speculative_config``,
+    ``guided_decoding_backend``, ``enable_attention_dp`` of ``tensorrt_llm/llmapi/llm_args.py``): only
+    trtllm-llmapi; attention DP needs tp_size > 1. EAGLE-3 and
     draft-target need a draft checkpoint, NGram and MTP take none (``EagleDecodingConfig`` /
     ``DraftTargetDecodingConfig`` require ``speculative_model_dir``: tests/facts/trtllm_1_2_1/llm_args.json). Host KV
     offload exists in TensorRT-LLM's KV cache manager (both TensorRT-LLM runtimes), not in the portable runtime.
@@ -280,6 +289,16 @@ def llmapi_feature_problems(build: ResolvedBuild, target: TargetProfile,
                                 f"{' and '.join(have)} only", f"set serving.guided_decoding_backend: {have[0]}"
                                 + (f", or runtime: {' | '.join(ok)} (it has {backend})" if ok else ""),
                                 code="guided_backend_runtime"))
+    if s.parallelism.enable_attention_dp and not llmapi:
+        ok = fix_choices.runtimes(build, target, lambda rt: rt.llm_api, arch)
+        problems.append(Problem(where("parallelism.enable_attention_dp"), True, f"runtime {s.runtime} does not "
+                                "configure it: only trtllm-llmapi passes the LLM API's enable_attention_dp",
+                                (f"set runtime: {' | '.join(ok)} for this target, or " if ok else "")
+                                + "remove parallelism.enable_attention_dp", code="attention_dp"))
+    elif s.parallelism.enable_attention_dp and s.parallelism.tp_size == 1:
+        problems.append(Problem(where("parallelism.enable_attention_dp"), True, "attention DP spreads requests over "
+                                "the tp_size ranks, and tp_size is 1", "set parallelism.tp_size above 1, or remove "
+                                "parallelism.enable_attention_dp", code="attention_dp"))
     if sv.kv_cache_host_memory_bytes and not build.runtime.host_kv_tier:
         ok = fix_choices.runtimes(build, target, lambda rt: rt.host_kv_tier, arch)
         problems.append(Problem(where("serving.kv_cache_host_memory_bytes"), sv.kv_cache_host_memory_bytes,
@@ -367,7 +386,8 @@ def model_problems(build: ResolvedBuild, hf_config: dict, target: TargetProfile 
     tp_fix = _tp_fix(m, group)  # one fix for every tp rule: sizes that pass them all
 
     # Sharding: every sharded dimension must divide (ModelOpt's exporter, modelopt/torch/export/
-    # tensorrt_llm_utils.py, splits heads by tp and layers evenly by pp).
+    # tensorrt_llm_utils.py, splits heads by tp and layers evenly by pp). With attention DP only the experts split.
+    tp = par.attention_tp
     if m.num_attention_heads % tp:
         problems.append(Problem(where("parallelism.tp_size"), tp, f"num_attention_heads ({m.num_attention_heads}) must "
                                 "be divisible by tp_size", tp_fix, code="heads_tp"))
@@ -439,6 +459,11 @@ def moe_problems(build: ResolvedBuild, m: ModelShape) -> list[Problem]:
     tp = par.tp_size
     problems: list[Problem] = []
     if not m.is_moe:
+        if par.enable_attention_dp:
+            problems.append(Problem(where("parallelism.enable_attention_dp"), True, f"{m.architecture} is a dense "
+                                    "model: attention DP keeps only experts split, and it has none",
+                                    "remove parallelism.enable_attention_dp",
+                                    code="attention_dp"))
         for key in ("moe_ep_size", "moe_tp_size"):
             if getattr(par, key) not in (None, 1):
                 problems.append(Problem(where(f"parallelism.{key}"), getattr(par, key), f"{m.architecture} is a dense "
@@ -463,7 +488,7 @@ def moe_problems(build: ResolvedBuild, m: ModelShape) -> list[Problem]:
         problems.append(Problem(where("parallelism.moe_tp_size"), moe_tp, f"the experts' intermediate size "
                                 f"({m.moe_intermediate_size}) must be divisible by moe_tp_size", fix,
                                 code="expert_intermediate_tp"))
-    if m.shared_expert_intermediate_size % tp:
+    if m.shared_expert_intermediate_size % par.attention_tp:
         problems.append(Problem(where("parallelism.tp_size"), tp, f"shared_expert_intermediate_size "
                                 f"({m.shared_expert_intermediate_size}) must be divisible by tp_size",
                                 _tp_fix(m, group), code="intermediate_tp"))

@@ -138,6 +138,8 @@ def refusal(plan: Plan, target: TargetProfile) -> str:
         return f"target {target.name} has no {prec} tensor cores for quant_algo {plan.quant_algo}"
     if plan.memory.kv.workload_concurrency < 1:
         return "the KV pool holds no sequence of the plan's ISL+OSL"
+    if plan.attention_dp_size > 1:
+        return "the estimate does not model attention DP (parallelism.enable_attention_dp)"
     return ""
 
 

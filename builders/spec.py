@@ -117,6 +117,10 @@ class ParallelismConfig(_Strict):
     (tensorrt_llm/mapping.py): moe_tp_size x moe_ep_size = tp_size."""
     moe_tp_size: Optional[int] = Field(None, ge=1, le=64, **decides("checkpoint"))
     """Tensor-parallel size inside each expert (splits its intermediate dim). null: tp_size / moe_ep_size."""
+    enable_attention_dp: bool = Field(False, **decides("model_repo", "bundle"))
+    """Attention data parallelism (the LLM API's ``enable_attention_dp``, tensorrt_llm/llmapi/llm_args.py): each of
+    the tp_size ranks runs attention, dense layers and the LM head whole on its own requests with its own KV cache,
+    and only the experts stay split (moe_tp_size x moe_ep_size); mixture-of-experts models on trtllm-llmapi."""
     gpus_per_node: Optional[int] = Field(None, ge=1, le=64)
     """GPUs per node; null takes the target profile's value (may not exceed it)."""
     num_nodes: int = Field(1, ge=1, le=64)
@@ -126,6 +130,16 @@ class ParallelismConfig(_Strict):
     def world_size(self) -> int:
         """tp_size x pp_size: ranks (GPUs) one engine instance uses."""
         return self.tp_size * self.pp_size
+
+    @property
+    def attention_tp(self) -> int:
+        """Ranks one attention (and dense) layer is split over: 1 with attention DP, else tp_size."""
+        return 1 if self.enable_attention_dp else self.tp_size
+
+    @property
+    def attention_dp_size(self) -> int:
+        """Ranks that each serve their own requests: tp_size with attention DP, else 1."""
+        return self.tp_size if self.enable_attention_dp else 1
 
     @property
     def moe_sizes(self) -> tuple[int, int]:

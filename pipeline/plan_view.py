@@ -22,7 +22,8 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
     sm = "cpu" if plan.target_sm is None else f"SM {plan.target_sm}"
     head.add_row("target", f"{plan.target} ({sm}, {plan.target_memory_gib:g} GiB per device, "
                            f"{plan.gpus_available} device(s) available)")
-    head.add_row("runtime", f"{plan.runtime} (serves tp={plan.serving_tp} x pp={plan.serving_pp}; TensorRT-LLM "
+    dp = f" x attention DP {plan.attention_dp_size}" if plan.attention_dp_size > 1 else ""
+    head.add_row("runtime", f"{plan.runtime} (serves tp={plan.serving_tp}{dp} x pp={plan.serving_pp}; TensorRT-LLM "
                             f"{plan.tensorrt_llm_versions})")
     head.add_row("model", f"{plan.model.architecture}: {plan.model.num_hidden_layers} layers, hidden "
                           f"{plan.model.hidden_size}, {plan.model.num_attention_heads} heads / "

@@ -33,9 +33,9 @@ CASES = [  # (build, target, overrides, isl, osl, frameworks)
 
 @pytest.fixture(scope="module")
 def points(tmp_path_factory) -> list[dict]:
-    """The worker's points for :data:`CASES` at concurrency 1 and 64, made as ``trtpipe plan`` makes them, plus three
-    built by hand that no shipped build plans: Qwen3 MoE with the expert-TP size left out, Mixtral INT4 weights (its
-    INT4 export is refused) and Mixtral 16-bit on one H100 (out of memory)."""
+    """The worker's points for :data:`CASES` at concurrency 1 and 64, made as ``trtpipe plan`` makes them, plus four
+    built by hand that no shipped build plans: Qwen3 MoE with the expert-TP size left out and with attention DP,
+    Mixtral INT4 weights (its INT4 export is refused) and Mixtral 16-bit on one H100 (out of memory)."""
     mp = pytest.MonkeyPatch()
     mp.setenv("TRTPIPE_CACHE", str(tmp_path_factory.mktemp("aic-cache")))  # model_dir writes config.json there
     out = []
@@ -48,6 +48,7 @@ def points(tmp_path_factory) -> list[dict]:
         out += [perf_model.at_concurrency(base, b, c) for b in frameworks for c in (1, 64)]
     qwen3 = next(p for p in out if p["moe_ep_size"] == 2 and p["batch_size"] == 64)
     out.append({**qwen3, "moe_tp_size": None})  # left to the library to infer (moe_tp 1 from tp 2 / ep 2)
+    out.append({**qwen3, "tp_size": 1, "attention_dp_size": 2, "batch_size": 32})  # attention DP: 32 a rank
     mixtral = next(p for p in out if p["moe_tp_size"] == 4 and p["batch_size"] == 64)
     out.append({**mixtral, "gemm_quant_mode": "int4_wo", "moe_quant_mode": "int4_wo", "kvcache_quant_mode": "bfloat16"})
     out.append({**mixtral, "tp_size": 1, "moe_tp_size": 1, "moe_ep_size": 1, "gemm_quant_mode": "bfloat16",
@@ -67,6 +68,8 @@ def test_the_sdk_route_answers_as_cli_estimate_does(points):
     assert {a["database_mode"] for _, a in ok} == {"SILICON", "HYBRID"}
     assert {a["backend"] for _, a in ok} == {"trtllm", "vllm"}
     assert any(p["moe_ep_size"] == 2 for p, _ in ok) and any(p["moe_tp_size"] == 4 for p, _ in ok)
+    dp = next(a for p, a in ok if p.get("attention_dp_size") == 2)  # every rank holds its own batch of 32
+    assert dp["concurrency"] == 64 and dp["num_gpus"] == 2
     assert {p["gemm_quant_mode"] for p, _ in ok} >= {"fp8_static", "int4_wo"}
     assert {p["isl"] for p, _ in ok} == {1000, 2048, 512}
     assert any(a["kv_cache_warning"] for _, a in ok)  # 64 sequences of 2304 tokens in 10% of the free memory

@@ -82,6 +82,42 @@ def test_dense_model_with_expert_parallelism_is_refused(tmp_path):
     assert p.field == "parallelism.moe_ep_size" and "dense" in p.rule
 
 
+def test_attention_dp_holds_attention_whole_and_a_pool_per_rank(tmp_path):
+    # Qwen3-30B-A3B (32 heads, 4 KV heads) at tp 4, experts split 4 ways: attention DP keeps attention, the
+    # embeddings and the LM head whole on each rank (more weight bytes, the whole KV heads per token) while the
+    # experts stay split; every rank has its own pool, so the instance holds 4 ranks' sequences
+    cfg, h200 = hf_config("qwen3-30b-a3b"), get_target("h200")
+    tp = make_plan(_spec(tmp_path, parallelism="tp_size: 4, moe_ep_size: 4", target="h200"), h200, cfg)
+    dp = make_plan(_spec(tmp_path, parallelism="tp_size: 4, moe_ep_size: 4, enable_attention_dp: true",
+                         target="h200"), h200, cfg)
+    assert (tp.serving_tp, tp.attention_dp_size) == (4, 1) and (dp.serving_tp, dp.attention_dp_size) == (1, 4)
+    assert (dp.moe_tp_size, dp.moe_ep_size) == (1, 4)
+    assert dp.memory.kv.kv_heads_per_rank == 4 and tp.memory.kv.kv_heads_per_rank == 1
+    assert dp.memory.kv.bytes_per_token == 4 * tp.memory.kv.bytes_per_token
+    assert dp.memory.weights_bytes_per_rank > tp.memory.weights_bytes_per_rank
+    per_seq = -(-(128 + 128) // dp.limits.tokens_per_block)
+    assert dp.memory.kv.workload_sequences == 4 * (dp.memory.kv.blocks // per_seq)
+    assert dp.memory.kv.workload_concurrency == 4 * min(dp.limits.max_batch_size, dp.memory.kv.workload_sequences // 4)
+
+
+def test_attention_dp_rules(tmp_path):
+    cfg = hf_config("qwen3-30b-a3b")
+    p = _problems(_spec(tmp_path, parallelism="tp_size: 2, enable_attention_dp: true"), hf_config("qwen2.5-7b"))
+    assert p["attention_dp"].field == "parallelism.enable_attention_dp" and "dense" in p["attention_dp"].rule
+    p = _problems(_spec(tmp_path, parallelism="tp_size: 1, enable_attention_dp: true"), cfg)["attention_dp"]
+    assert "tp_size is 1" in p.rule and "tp_size above 1" in p.fix
+    p = _problems(_spec(tmp_path, runtime="pytorch", quant="none", parallelism="tp_size: 2, enable_attention_dp: "
+                        "true"), cfg)["attention_dp"]
+    assert "only trtllm-llmapi" in p.rule and "runtime: trtllm-llmapi" in p.fix
+    # the one switch is the spec's: the LLM-API options may not set it behind the plan's back
+    path = tmp_path / "o.yaml"
+    path.write_text(f"name: b\nmodel: {{source: {tmp_path / 'absent'}}}\nruntime: trtllm-llmapi\n"
+                    "parallelism: {tp_size: 2}\nserving: {llm_api_options: {enable_attention_dp: true}}\n"
+                    "targets: {h100: {}}\n")
+    p = _problems(load_spec(path, "h100"), cfg)["attention_dp"]
+    assert p.field == "serving.llm_api_options.enable_attention_dp" and "parallelism.enable_attention_dp" in p.fix
+
+
 def test_unknown_rope_type_is_refused_before_any_weight_is_read(tmp_path):
     cfg = hf_config("llama-3.1-8b")
     cfg["rope_scaling"] = dict(cfg["rope_scaling"], rope_type="ntk-by-parts-2")

@@ -28,7 +28,8 @@ def test_key_fields_are_the_declared_ones():
                                                     "parallelism.moe_tp_size", "parallelism.moe_ep_size"}
     assert set(build.key_fields("verify")) == {"quantization.calibration.dataset", "gates"}
     assert set(build.key_fields("engine")) == {"runtime", "limits"}
-    assert set(build.key_fields("model_repo")) == {"serving", "model.trust_remote_code"}
+    assert set(build.key_fields("model_repo")) == {"serving", "model.trust_remote_code",
+                                                    "parallelism.enable_attention_dp"}
     assert build.key_fields("engine")["limits"]["max_batch_size"] == build.settings.limits.max_batch_size
 
 

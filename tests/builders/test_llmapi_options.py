@@ -287,3 +287,20 @@ def test_host_kv_cache_reaches_both_tensorrt_llm_runtimes(tmp_path):
                            tokenizer_dir=smollm2_tokenizer_dir())
     llm = next(m for m in repo.models if m.name == "tensorrt_llm")
     assert llm.values["kv_cache_host_memory_bytes"] == "8000000000"
+
+
+def test_attention_dp_is_written_where_both_releases_take_it(tmp_path):
+    """parallelism.enable_attention_dp -> the options' ``enable_attention_dp`` (a BaseLlmArgs bool in both recorded
+    releases), beside the expert split it keeps; off, the key is left to the LLM API's default (false)."""
+    src = (REPO / "configs" / "builds" / "qwen3-30b-a3b.yaml").read_text().replace("../../", str(REPO) + "/")
+    cfg = hf_config("qwen3-30b-a3b")
+    for on in (True, False):
+        p = tmp_path / f"q{on}.yaml"
+        p.write_text(src.replace("  tp_size: 1\n", f"  tp_size: 4\n  moe_ep_size: 4\n  enable_attention_dp: {on}\n"))
+        build = load_spec(p, "h200")
+        options = llm_api_options(build, make_plan(build, get_target("h200"), cfg))
+        assert options.get("enable_attention_dp") is (True if on else None)
+        assert (options["tensor_parallel_size"], options["moe_expert_parallel_size"]) == (4, 4)
+        for version, facts in FACTS.items():
+            assert _facts_accept(options, facts) == [], version
+            assert facts["torch_llm_args"]["enable_attention_dp"]["type"] == "bool"

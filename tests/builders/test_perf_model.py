@@ -87,6 +87,25 @@ def test_concurrencies_reach_the_plans_in_flight_sequences():
     assert perf_model.concurrencies(100) == [1, 4, 16, 64, 100]
     assert perf_model.concurrencies(1) == [1]
     assert perf_model.concurrencies(0) == []
+    assert perf_model.concurrencies(32, 4) == [4, 16, 32]  # attention DP over 4 ranks: the same batch on each
+
+
+def test_attention_dp_is_predicted_per_rank(fresh_cache, tmp_path):
+    """parallelism.enable_attention_dp: aiconfigurator gets attention tp 1 x attention DP tp_size and one rank's
+    batch; its concurrency is every rank's, which is what the plan's point says."""
+    spec = tmp_path / "q.yaml"
+    spec.write_text((REPO / "configs" / "builds" / "qwen3-30b-a3b.yaml").read_text()
+                    .replace("  tp_size: 1\n", "  tp_size: 4\n  moe_ep_size: 4\n  enable_attention_dp: true\n")
+                    .replace("../../", str(REPO) + "/"))
+    build, target, cfg = load_spec(spec, "h200"), get_target("h200"), hf_config("qwen3-30b-a3b")
+    plan = preflight.make_plan(build, target, cfg, isl=1000, osl=1000)
+    perf = perf_model.predict_plan(build, target, plan, cfg, backends=("trtllm",))
+    assert perf.available, perf.reason
+    assert (perf.inputs["tp_size"], perf.inputs["attention_dp_size"], perf.inputs["moe_ep_size"]) == (1, 4, 4)
+    points = perf.backends[0].points
+    assert [p.concurrency for p in points] == perf_model.concurrencies(plan.memory.kv.workload_concurrency, 4)
+    assert all(p.concurrency % 4 == 0 for p in points) and points[-1].concurrency == 4 * 256
+    assert perf.calibration and perf.calibration_factor is None  # MoE: left uncorrected, and says so
 
 
 def test_plan_predictions_from_the_library(fresh_cache):
