@@ -89,7 +89,8 @@ def render_plan(plan: Plan, console: Optional[Console] = None) -> None:
                                          f"({kv.blocks_per_max_seq} blocks each)")
     kvt.add_row(f"ISL {kv.workload_isl} + OSL {kv.workload_osl}",
                 f"{kv.workload_sequences:,} sequences fit; {kv.workload_concurrency} in flight "
-                f"(max_batch_size {plan.limits.max_batch_size})")
+                f"(max_batch_size {plan.limits.max_batch_size}"
+                + (f" on each of {plan.attention_dp_size} attention-DP ranks)" if plan.attention_dp_size > 1 else ")"))
     con.print(kvt)
     if plan.lora is not None:
         lt = Table(title=f"LoRA adapters (lora_task_id: what the Triton models take; name: what OpenAI clients send "
