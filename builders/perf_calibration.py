@@ -17,8 +17,12 @@ The correction is one factor on output tokens/s (``factor``)::
 with ``c0`` and ``c_pp`` fitted by least squares on ln(published / predicted) (:func:`fit`) and kept, with their
 provenance and their leave-one-model-out error, in ``configs/perf_calibration.json``. TTFT and TPOT are not
 corrected. It is fitted at maximum-throughput points (hundreds of sequences in flight); at low concurrency it is an
-extrapolation. Mixture-of-experts models are left uncorrected (:func:`refusal`): their errors differ in sign from
-model to model and GPU to GPU, and no factor fitted without a model improves its points
+extrapolation.
+
+Two regimes (:func:`regime`), each with its own constants: dense models (``dense``, fitted at the plan's KV
+capacity), and mixture-of-experts models with attention DP (``moe_attention_dp``, the option the published MoE
+runs set; fitted on aiconfigurator's best tokens/s over batch sizes, as the plan cannot size Llama 4's KV). MoE
+without attention DP is left uncorrected (:func:`refusal`): no published run measures it
 (docs/benchmarks/prediction.md).
 """
 
@@ -71,43 +75,59 @@ def factor(cal: Calibration, pp_size: int) -> float:
     return math.exp(cal.c0 * f0 + cal.c_pp * f_pp)
 
 
-def refusal(is_moe: bool) -> str:
+REGIMES = ("dense", "moe_attention_dp")
+"""The fitted regimes: the top level of configs/perf_calibration.json is ``dense``; ``moe_attention_dp`` is its
+own object there."""
+
+
+def regime(is_moe: bool, attention_dp: bool = False) -> Optional[str]:
+    """The regime whose constants apply: ``dense``, ``moe_attention_dp``, or None (MoE without attention DP)."""
+    if not is_moe:
+        return "dense"
+    return "moe_attention_dp" if attention_dp else None
+
+
+def refusal(is_moe: bool, attention_dp: bool = False) -> str:
     """Why the correction does not apply ("" when it does). One clause."""
-    if is_moe:
-        return ("not calibrated for mixture-of-experts models: aiconfigurator's errors on them vary in sign by model "
-                "and GPU (docs/benchmarks/prediction.md)")
+    if regime(is_moe, attention_dp) is None:
+        return ("not calibrated for mixture-of-experts models without attention DP: the published MoE runs set it "
+                "(docs/benchmarks/prediction.md)")
     return ""
 
 
-def load(path: Path = CONSTANTS) -> Calibration:
-    """The constants in ``path`` (configs/perf_calibration.json).
+def load(path: Path = CONSTANTS, which: str = "dense") -> Calibration:
+    """The constants of regime ``which`` in ``path`` (configs/perf_calibration.json).
 
     Raises:
-        ValueError: the file is missing, not JSON, or lacks c0, c_pp, source or stated_error (the message names
-            the file and the command that writes it).
+        ValueError: the file is missing, not JSON, or lacks c0, c_pp, source or stated_error for ``which`` (the
+            message names the file and the command that writes it); ``which`` not in :data:`REGIMES`.
     """
+    if which not in REGIMES:
+        raise ValueError(f"unknown calibration regime {which!r}; known: {REGIMES}")
     try:
         data = json.loads(Path(path).read_text())
+        data = data if which == "dense" else data[which]
         return Calibration(c0=float(data["c0"]), c_pp=float(data["c_pp"]), source=str(data["source"]),
                            stated_error=str(data["stated_error"]))
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a calibration file ({type(e).__name__}: {e}); write it with "
+        raise ValueError(f"{path}: not a calibration file for {which} ({type(e).__name__}: {e}); write it with "
                          "python scripts/bench/bench_prediction.py --fit") from e
 
 
 @functools.lru_cache(maxsize=8)
-def _load_once(path: str) -> Calibration:
-    """:func:`load`, once per path per process (trtpipe tune asks for every candidate)."""
-    return load(Path(path))
+def _load_once(path: str, which: str) -> Calibration:
+    """:func:`load`, once per path and regime per process (trtpipe tune asks for every candidate)."""
+    return load(Path(path), which)
 
 
-def factor_for(pp_size: int, is_moe: bool, path: Path = CONSTANTS) -> Optional[float]:
-    """:func:`factor` with the constants in ``path``, or None where :func:`refusal` refuses or the file is
-    unreadable (never raises on those; ValueError for pp_size < 1)."""
-    if refusal(is_moe):
+def factor_for(pp_size: int, is_moe: bool, path: Path = CONSTANTS, *, attention_dp: bool = False) -> Optional[float]:
+    """:func:`factor` with the constants in ``path`` for the regime, or None where :func:`refusal` refuses or the
+    file is unreadable (never raises on those; ValueError for pp_size < 1)."""
+    which = regime(is_moe, attention_dp)
+    if which is None:
         return None
     try:
-        return factor(_load_once(str(path)), pp_size)
+        return factor(_load_once(str(path), which), pp_size)
     except ValueError:
         if pp_size < 1:
             raise
@@ -115,7 +135,7 @@ def factor_for(pp_size: int, is_moe: bool, path: Path = CONSTANTS) -> Optional[f
 
 
 def apply(prediction: "PerformancePrediction", pp_size: int, is_moe: bool,
-          path: Path = CONSTANTS) -> "PerformancePrediction":
+          path: Path = CONSTANTS, *, attention_dp: bool = False) -> "PerformancePrediction":
     """``prediction`` with its trtllm points' output tokens/s (total and per GPU) corrected beside aiconfigurator's.
 
     The calibrated numbers go in ``output_tokens_per_s_calibrated`` / ``output_tokens_per_s_per_gpu_calibrated``
@@ -126,11 +146,11 @@ def apply(prediction: "PerformancePrediction", pp_size: int, is_moe: bool,
     """
     if not prediction.available or prediction.method != "aiconfigurator":
         return prediction
-    why = refusal(is_moe)
-    if why:
-        return prediction.model_copy(update={"calibration": why})
+    which = regime(is_moe, attention_dp)
+    if which is None:
+        return prediction.model_copy(update={"calibration": refusal(is_moe, attention_dp)})
     try:
-        cal = load(path)
+        cal = load(path, which)
     except ValueError as e:
         return prediction.model_copy(update={"calibration": f"not calibrated: {e}"})
     f = factor(cal, pp_size)
@@ -142,7 +162,7 @@ def apply(prediction: "PerformancePrediction", pp_size: int, is_moe: bool,
                 "output_tokens_per_s_per_gpu_calibrated": round(p.output_tokens_per_s_per_gpu * f, 1)})
                 for p in b.points]})
         backends.append(b)
-    note = (f"{LABEL} = aiconfigurator x {f:.3f} (exp({cal.c0:+.4f} {cal.c_pp:+.4f} x ln pp {pp_size})); "
+    note = (f"{LABEL} = aiconfigurator x {f:.3f} (exp({cal.c0:+.4f} {cal.c_pp:+.4f} x ln pp {pp_size}), {which}); "
             f"fitted at maximum throughput, {cal.stated_error}")
     return prediction.model_copy(update={"backends": backends, "calibration": note, "calibration_factor": round(f, 4)})
 

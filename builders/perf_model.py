@@ -320,4 +320,5 @@ def predict_plan(build: ResolvedBuild, target: TargetProfile, plan: Plan, hf_con
     pred = PerformancePrediction(available=True, source=SOURCE, system=base["system"], isl=base["isl"],
                                  osl=base["osl"], inputs=inputs, backends=out,
                                  elapsed_s=round(time.monotonic() - t0, 2), cached=cached == len(points))
-    return perf_calibration.apply(pred, plan.serving_pp, plan.model.is_moe)  # the uncorrected numbers stay
+    return perf_calibration.apply(pred, plan.serving_pp, plan.model.is_moe,  # the uncorrected numbers stay
+                                  attention_dp=plan.attention_dp_size > 1)

@@ -290,7 +290,7 @@ def tune(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config
             s.refused = f"aiconfigurator: {a.get('error')}"
             continue
         plan = plans[s.candidate][1]  # ranked by aiconfigurator's numbers; the calibrated one is shown beside
-        f = perf_calibration.factor_for(plan.serving_pp, plan.model.is_moe)
+        f = perf_calibration.factor_for(plan.serving_pp, plan.model.is_moe, attention_dp=plan.attention_dp_size > 1)
         s.prediction["tokens_per_s_per_gpu_calibrated"] = None if f is None else a["tokens_per_s_per_gpu"] * f
         version = version or a.get("backend_version")
         over = [f"TTFT {a['ttft_ms']:.0f} ms > {slo.ttft_ms:g}" for _ in [0] if a["ttft_ms"] > slo.ttft_ms]

@@ -120,6 +120,27 @@ def test_apply_keeps_aiconfigurators_number_beside_the_calibrated_one(tmp_path):
     assert dumped["output_tokens_per_s"] == 10000.0 and dumped["output_tokens_per_s_calibrated"] > 0
 
 
+def test_moe_with_attention_dp_takes_its_own_constants(tmp_path):
+    consts = tmp_path / "c.json"
+    consts.write_text(json.dumps({"c0": -0.1, "c_pp": 0.0, "source": "s", "stated_error": "e",
+                                  "moe_attention_dp": {"c0": -0.3, "c_pp": -0.2, "source": "m", "stated_error": "em"}}))
+    out = cal.apply(_prediction(), 2, True, consts, attention_dp=True)
+    f = math.exp(-0.3 - 0.2 * math.log(2))
+    assert out.calibration_factor == pytest.approx(f, abs=1e-4) and "moe_attention_dp" in out.calibration
+    assert "em" in out.calibration and out.backends[0].points[0].output_tokens_per_s_calibrated == \
+        pytest.approx(10000 * f, abs=0.1)
+    assert cal.apply(_prediction(), 2, False, consts, attention_dp=True).calibration_factor == \
+        pytest.approx(math.exp(-0.1), abs=1e-4)  # a dense model's attention DP changes nothing here
+    moe = cal.load(which="moe_attention_dp")
+    assert cal.factor_for(1, True, attention_dp=True) == pytest.approx(cal.factor(moe, 1))
+    dense_only = tmp_path / "d.json"
+    dense_only.write_text(json.dumps({"c0": -0.1, "c_pp": 0.0, "source": "s", "stated_error": "e"}))
+    missing = cal.apply(_prediction(), 1, True, dense_only, attention_dp=True)
+    assert "not a calibration file for moe_attention_dp" in missing.calibration and missing.calibration_factor is None
+    with pytest.raises(ValueError, match="unknown calibration regime"):
+        cal.load(consts, "moe")
+
+
 def test_apply_refuses_moe_and_leaves_other_methods_alone(tmp_path):
     moe = cal.apply(_prediction(), 1, True)
     assert "mixture-of-experts" in moe.calibration and moe.calibration_factor is None

@@ -105,7 +105,10 @@ def test_attention_dp_is_predicted_per_rank(fresh_cache, tmp_path):
     points = perf.backends[0].points
     assert [p.concurrency for p in points] == perf_model.concurrencies(plan.memory.kv.workload_concurrency, 4)
     assert all(p.concurrency % 4 == 0 for p in points) and points[-1].concurrency == 4 * 256
-    assert perf.calibration and perf.calibration_factor is None  # MoE: left uncorrected, and says so
+    # MoE with attention DP: its own fitted constants (the published MoE runs' option)
+    moe = perf_calibration.load(which="moe_attention_dp")
+    assert perf.calibration_factor == pytest.approx(perf_calibration.factor(moe, 1), abs=1e-4)
+    assert "moe_attention_dp" in perf.calibration
 
 
 def test_plan_predictions_from_the_library(fresh_cache):
