@@ -1,7 +1,7 @@
 """``trtpipe tune``: the build and runtime settings with the most goodput per GPU under a TTFT/TPOT target.
 
-The search: quantization recipe x KV-cache dtype x tp_size x pp_size (x moe_ep_size) x max_batch_size x
-max_num_tokens x serving.kv_cache_free_gpu_mem_fraction. Every candidate goes through the pre-flight rules and
+The search: quantization recipe x KV-cache dtype x tp_size x pp_size (x moe_ep_size x enable_attention_dp) x
+max_batch_size x max_num_tokens x serving.kv_cache_free_gpu_mem_fraction. Every candidate goes through the pre-flight rules and
 the memory plan (builders.preflight.make_plan, the same code ``trtpipe plan`` runs): refused candidates are
 dropped with their rule. Recipes whose measured perplexity delta exceeds ``--max-ppl-delta-pct`` are dropped:
 the delta comes from a ``verify.json`` of a build of this build file, else from the recorded quantization table
@@ -62,12 +62,14 @@ class Candidate:
     max_batch_size: int
     max_num_tokens: int
     kv_cache_free_gpu_mem_fraction: float
+    enable_attention_dp: bool = False
 
     def overrides(self) -> dict:
         """The nested spec override (what ``targets.<target>`` of the written build file holds)."""
         par = {"tp_size": self.tp_size, "pp_size": self.pp_size}
         if self.moe_ep_size is not None:
-            par.update(moe_ep_size=self.moe_ep_size, moe_tp_size=self.tp_size // self.moe_ep_size)
+            par.update(moe_ep_size=self.moe_ep_size, moe_tp_size=self.tp_size // self.moe_ep_size,
+                       enable_attention_dp=self.enable_attention_dp)
         return {"quantization": {"quant_algo": self.quant_algo, "kv_cache_quant_algo": self.kv_cache_quant_algo},
                 "parallelism": par,
                 "limits": {"max_batch_size": self.max_batch_size, "max_num_tokens": self.max_num_tokens},
@@ -79,6 +81,7 @@ class Candidate:
 
     def label(self) -> str:
         ep = f" ep{self.moe_ep_size}" if self.moe_ep_size else ""
+        ep += " attention-dp" if self.enable_attention_dp else ""
         return (f"{self.quant_algo}/kv {self.kv_cache_quant_algo or '16-bit'} tp{self.tp_size} pp{self.pp_size}{ep} "
                 f"bs{self.max_batch_size} mnt{self.max_num_tokens} kv{self.kv_cache_free_gpu_mem_fraction}")
 
@@ -188,8 +191,8 @@ def gpus_problem(gpus: int, target: TargetProfile) -> Problem:
 
 def search_space(build: ResolvedBuild, target: TargetProfile, plan_shape, gpus: int) -> list[Candidate]:
     """Every candidate: recipes aiconfigurator can model x KV dtype (the build's, and 16-bit) x tp (divisors that
-    split the heads) x pp x ep (MoE: 1 or tp) x :data:`BATCH_SIZES` x :data:`MAX_NUM_TOKENS` x :data:`KV_FRACTIONS`,
-    with tp x pp <= ``gpus``."""
+    split the heads) x pp x ep (MoE: 1 or tp) x attention DP (MoE at tp > 1 on an LLM-API runtime: off and on) x
+    :data:`BATCH_SIZES` x :data:`MAX_NUM_TOKENS` x :data:`KV_FRACTIONS`, with tp x pp <= ``gpus``."""
     moe = plan_shape.is_moe
     recipes = [n for n, r in QUANT_RECIPES.items()
                if r.aiconfigurator_gemm is not None and (not moe or r.aiconfigurator_moe is not None)]
@@ -199,8 +202,9 @@ def search_space(build: ResolvedBuild, target: TargetProfile, plan_shape, gpus: 
     out = []
     for q, kv, (tp, pp) in itertools.product(recipes, kvs, pars):
         eps = sorted({1, tp}) if moe else [None]
-        for ep, bs, mnt, frac in itertools.product(eps, BATCH_SIZES, MAX_NUM_TOKENS, KV_FRACTIONS):
-            out.append(Candidate(q, kv, tp, pp, ep, bs, mnt, frac))
+        adps = (False, True) if moe and tp > 1 and build.runtime.llm_api else (False,)
+        for ep, adp, bs, mnt, frac in itertools.product(eps, adps, BATCH_SIZES, MAX_NUM_TOKENS, KV_FRACTIONS):
+            out.append(Candidate(q, kv, tp, pp, ep, bs, mnt, frac, adp))
     return out
 
 
@@ -241,7 +245,7 @@ def tune(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config
         s = Scored(c, slo=slo)
         delta = accuracy.get(c.quant_algo, (None, ""))[0]
         s.ppl_delta_pct = delta
-        group = (c.quant_algo, c.kv_cache_quant_algo, c.tp_size, c.pp_size, c.moe_ep_size)
+        group = (c.quant_algo, c.kv_cache_quant_algo, c.tp_size, c.pp_size, c.moe_ep_size, c.enable_attention_dp)
         if max_ppl_delta_pct is not None and (delta is None or delta > max_ppl_delta_pct):
             s.refused = (f"accuracy: perplexity {'not measured' if delta is None else f'+{delta:.1f}%'} "
                          f"(limit {max_ppl_delta_pct:g}%)")
@@ -306,6 +310,11 @@ def tune(spec_path: Path, build: ResolvedBuild, target: TargetProfile, hf_config
     return result
 
 
+def _yaml_value(v) -> str:
+    """A setting as the build file spells it (null, true, false)."""
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
 def reasons(result: TuneResult) -> list[str]:
     """One line per chosen setting: the most goodput per GPU any candidate with another value of it reaches (or
     the rule that refused them all)."""
@@ -316,16 +325,17 @@ def reasons(result: TuneResult) -> list[str]:
     lines = []
     knobs = (("quant_algo", "quantization.quant_algo"), ("kv_cache_quant_algo", "quantization.kv_cache_quant_algo"),
              ("tp_size", "parallelism.tp_size"), ("pp_size", "parallelism.pp_size"),
-             ("moe_ep_size", "parallelism.moe_ep_size"), ("max_batch_size", "limits.max_batch_size"),
+             ("moe_ep_size", "parallelism.moe_ep_size"),
+             ("enable_attention_dp", "parallelism.enable_attention_dp"), ("max_batch_size", "limits.max_batch_size"),
              ("max_num_tokens", "limits.max_num_tokens"),
              ("kv_cache_free_gpu_mem_fraction", "serving.kv_cache_free_gpu_mem_fraction"))
     for attr, name in knobs:
         value = getattr(c, attr)
-        if attr == "moe_ep_size" and value is None:
+        if attr in ("moe_ep_size", "enable_attention_dp") and c.moe_ep_size is None:
             continue
         others = [s for s in result.scored if getattr(s.candidate, attr) != value]
         runs = [s for s in others if not s.refused and s.prediction.get("ok")]
-        head = f"{name} {value if value is not None else 'null'}"
+        head = f"{name} {_yaml_value(value)}"
         if not runs:
             why = {}
             for s in others:
@@ -334,8 +344,7 @@ def reasons(result: TuneResult) -> list[str]:
             lines.append(f"{head}: every other value refused ({common})")
             continue
         alt = max(runs, key=lambda s: (s.goodput_per_gpu, -s.excess))
-        va = getattr(alt.candidate, attr)
-        va = "null" if va is None else va
+        va = _yaml_value(getattr(alt.candidate, attr))
         got = (f"at most {alt.goodput_per_gpu:,.0f} tok/s/GPU ({alt.candidate.label()})" if alt.meets_slo
                else f"nothing within the SLO (closest {alt.candidate.label()}: {alt.misses})")
         if alt.meets_slo and alt.goodput_per_gpu >= best.goodput_per_gpu:

@@ -191,3 +191,22 @@ def test_tune_refuses_a_gpu_count_below_one(env):
     with pytest.raises(tune.SpecError) as err:
         tune.tune(LLAMA, build, target, hf_config("llama-3-8b"), SLO, gpus=0)
     assert err.value.codes() == ["gpus_count"]
+
+
+def test_moe_candidates_try_attention_dp_and_write_it(env, tmp_path):
+    """Qwen3-30B-A3B on trtllm-llmapi, 2 GPUs: at tp 2 the search tries attention DP off and on (each predicted
+    with its own per-rank batch); at tp 1 it has nothing to spread, so only off; the tuned file says which."""
+    qwen = REPO / "configs" / "builds" / "qwen3-30b-a3b.yaml"
+    build, target = load_spec(qwen, "h200"), get_target("h200")
+    result = tune.tune(qwen, build, target, hf_config("qwen3-30b-a3b"), SLO, gpus=2)
+    adp = {(s.candidate.tp_size, s.candidate.enable_attention_dp) for s in result.scored}
+    assert adp == {(1, False), (2, False), (2, True)}
+    on = [s for s in result.scored if s.candidate.enable_attention_dp and not s.refused]
+    assert on and all(s.prediction["ok"] and s.concurrency % 2 == 0 for s in on)
+    assert all(s.prediction["concurrency"] == s.concurrency for s in on)  # aiconfigurator's global batch
+    assert any("parallelism.enable_attention_dp " in line for line in tune.reasons(result))
+    assert "attention-dp" in on[0].candidate.label()
+    out = tmp_path / "tuned.yaml"
+    tune.write_build_file(qwen, out, build, target, hf_config("qwen3-30b-a3b"), result)
+    tuned = load_spec(out, "h200")
+    assert tuned.settings.parallelism.enable_attention_dp is result.best.candidate.enable_attention_dp
