@@ -185,20 +185,17 @@ def spec_problems(build: ResolvedBuild, target: TargetProfile, arch: Architectur
                      for r in RELEASES for p in option_problems(llm_api_options(build, release=r), releases=[r])]
     problems += llmapi_feature_problems(build, target, arch)
     problems += context_logits_problems(build)
-    # The LLM API's trust_remote_code is the build's one switch (every load of the checkpoint, in the build too).
-    if "trust_remote_code" in (sv.llm_api_options or {}):
-        problems.append(Problem(where("serving.llm_api_options") + ".trust_remote_code",
-                                sv.llm_api_options["trust_remote_code"], "whether the checkpoint's own code runs is "
-                                "model.trust_remote_code, for every load (build, tokenizer models, LLM API) at once",
-                                "remove serving.llm_api_options.trust_remote_code and set model.trust_remote_code in "
-                                "the build file", code="llm_api_trust_remote_code"))
-    # Attention DP changes what the plan shards and what aiconfigurator predicts: one switch, the spec's.
-    if "enable_attention_dp" in (sv.llm_api_options or {}):
-        problems.append(Problem(where("serving.llm_api_options") + ".enable_attention_dp",
-                                sv.llm_api_options["enable_attention_dp"], "attention data parallelism decides the "
-                                "plan's memory and predictions, so it is parallelism.enable_attention_dp",
-                                "remove serving.llm_api_options.enable_attention_dp and set "
-                                "parallelism.enable_attention_dp in the build file", code="attention_dp"))
+    # LLM-API keys the spec owns elsewhere: one switch each, the spec's (the build and the plan read it there).
+    owned = (("trust_remote_code", "model.trust_remote_code", "whether the checkpoint's own code runs is "
+              "model.trust_remote_code, for every load (build, tokenizer models, LLM API) at once",
+              "llm_api_trust_remote_code"),
+             ("enable_attention_dp", "parallelism.enable_attention_dp", "attention data parallelism decides the "
+              "plan's memory and predictions, so it is parallelism.enable_attention_dp", "attention_dp"))
+    for key, field, rule, code in owned:
+        if key in (sv.llm_api_options or {}):
+            problems.append(Problem(where("serving.llm_api_options") + f".{key}", sv.llm_api_options[key], rule,
+                                    f"remove serving.llm_api_options.{key} and set {field} in the build file",
+                                    code=code))
 
     # KV-cache reuse and chunked context need an engine built with paged context FMHA
     # (https://nvidia.github.io/TensorRT-LLM/advanced/kv-cache-reuse.html: "KV cache reuse
